@@ -1,0 +1,13 @@
+//! Counted drops: every failed map insert in a program adds one to its map's slot here.
+
+/// Name of the per-CPU array of drop counters, indexed by the `DROP_*` constants.
+pub const DROPS_MAP: &str = "DROPS";
+
+/// A `CPU_STATS` insert failed (map full): that slice of on-CPU time is lost.
+pub const DROP_CPU_STATS: u32 = 0;
+/// A `NET_STATS` insert failed (map full): that call's bytes are lost.
+pub const DROP_NET_STATS: u32 = 1;
+/// Number of drop slots (room for the programs to come).
+pub const DROP_SLOTS: u32 = 8;
+/// Names of the used slots, in order, as reported to users.
+pub const DROP_NAMES: [&str; 2] = ["cpu_stats", "net_stats"];

@@ -1,0 +1,72 @@
+//! Socket payload bytes and calls per cgroup, written by the `sock_send_length` and
+//! `sock_recv_length` programs.
+
+/// Name of the per-CPU hash map: cgroup id (`u64`) → [`NetStats`].
+pub const NET_STATS_MAP: &str = "NET_STATS";
+/// Name of the read-only global holding `offsetof(struct sock, __sk_common.skc_family)`,
+/// resolved from the kernel's BTF at load time.
+pub const SOCK_FAMILY_OFFSET_GLOBAL: &str = "SOCK_FAMILY_OFFSET";
+
+/// Index of a socket family in [`NetStats::families`].
+pub const FAMILY_IPV4: usize = 0;
+/// Index of AF_INET6 sockets.
+pub const FAMILY_IPV6: usize = 1;
+/// Index of AF_UNIX sockets.
+pub const FAMILY_UNIX: usize = 2;
+/// Index of every other family (netlink, packet, vsock, …).
+pub const FAMILY_OTHER: usize = 3;
+/// Number of family slots.
+pub const FAMILY_COUNT: usize = 4;
+/// Family names, in slot order, as shown to users and in labels.
+pub const FAMILY_NAMES: [&str; FAMILY_COUNT] = ["ipv4", "ipv6", "unix", "other"];
+
+/// Linux `AF_UNIX`.
+pub const AF_UNIX: u16 = 1;
+/// Linux `AF_INET`.
+pub const AF_INET: u16 = 2;
+/// Linux `AF_INET6`.
+pub const AF_INET6: u16 = 10;
+/// Linux `MSG_PEEK`: a read that leaves the data queued; not counted.
+pub const MSG_PEEK: i32 = 2;
+
+/// Maps an address family to its slot in [`NetStats::families`].
+#[inline(always)]
+pub fn family_slot(family: u16) -> usize {
+    match family {
+        AF_INET => FAMILY_IPV4,
+        AF_INET6 => FAMILY_IPV6,
+        AF_UNIX => FAMILY_UNIX,
+        _ => FAMILY_OTHER,
+    }
+}
+
+/// Payload moved through sockets of one family. Counters only grow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FamilyCounters {
+    /// Bytes accepted by successful send calls.
+    pub sent_bytes: u64,
+    /// Successful send calls.
+    pub sent_calls: u64,
+    /// Bytes returned by successful, non-peeking receive calls.
+    pub received_bytes: u64,
+    /// Successful, non-peeking receive calls.
+    pub received_calls: u64,
+}
+
+/// One cgroup's socket traffic on one CPU, per family.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Indexed by `FAMILY_*`.
+    pub families: [FamilyCounters; FAMILY_COUNT],
+}
+
+const _: () = assert!(core::mem::size_of::<NetStats>() == 128);
+
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.
+unsafe impl aya::Pod for FamilyCounters {}
+#[cfg(feature = "user")]
+// SAFETY: an array of Pod structs, no padding.
+unsafe impl aya::Pod for NetStats {}

@@ -1,0 +1,86 @@
+//! The commands, wiring the stages: load → collect → model → sink.
+
+use std::io::{IsTerminal as _, Write as _};
+
+use anyhow::Context as _;
+
+use crate::{
+    cgroup::{self, CgroupIndex},
+    cli::{ProbeArgs, SnapshotArgs, TopArgs},
+    collect::{KernelCollector, Source as _},
+    loader::{self, LoadOptions},
+    model,
+    node::NodeFacts,
+    sink::{json::SnapshotDocument, table},
+};
+
+/// Loads and attaches the programs and returns a collector over their maps.
+pub fn start_collector(probe: &ProbeArgs, read_cpu_stat: bool) -> anyhow::Result<KernelCollector> {
+    // Find cgroup2 first: without it no number can be attributed to a worker.
+    let mount = cgroup::find_cgroup2_mount()?;
+    let probe = loader::load_and_attach(&LoadOptions {
+        max_workers: probe.max_workers,
+    })?;
+    KernelCollector::new(probe, CgroupIndex::new(mount), read_cpu_stat)
+}
+
+/// `workerprobe top`.
+pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
+    let mut collector = start_collector(&args.probe, false)?;
+    let mut previous = collector.sample()?;
+    let clear_screen = std::io::stdout().is_terminal() && !args.once;
+    let mut ticker = tokio::time::interval(args.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await; // the first tick is immediate
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+        let current = collector.sample()?;
+        let interval = model::diff(Some(&previous), &current);
+        let mut text = table::render(&interval, args.limit);
+        if clear_screen {
+            text.insert_str(0, "\x1b[2J\x1b[H");
+        }
+        let mut stdout = std::io::stdout().lock();
+        if write!(stdout, "{text}")
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            return Ok(()); // the reader went away (e.g. `| head`)
+        }
+        if args.once {
+            return Ok(());
+        }
+        if !clear_screen {
+            let _ = writeln!(stdout);
+        }
+        previous = current;
+    }
+}
+
+/// `workerprobe snapshot`.
+pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
+    let mut collector = start_collector(&args.probe, true)?;
+    let start = collector.sample()?;
+    // On stderr, so stdout stays one clean document; also tells scripts the window has begun.
+    eprintln!(
+        "workerprobe: attached; measuring for {}",
+        humantime::format_duration(args.duration)
+    );
+    tokio::time::sleep(args.duration).await;
+    let end = collector.sample()?;
+    let interval = model::diff(Some(&start), &end);
+    let text = if args.json {
+        let document = SnapshotDocument::new(&interval, NodeFacts::read());
+        serde_json::to_string_pretty(&document).context("encoding the snapshot as JSON")? + "\n"
+    } else {
+        table::render(&interval, usize::MAX)
+    };
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
+    Ok(())
+}

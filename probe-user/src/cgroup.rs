@@ -1,0 +1,270 @@
+//! The cgroup2 hierarchy: where it is mounted, which path a cgroup id names, and the kernel's
+//! own `cpu.stat` accounting.
+//!
+//! A cgroup v2 id is the inode number of its directory (the root is 1), the same id that
+//! `bpf_get_current_cgroup_id` returns in the programs.
+
+use std::{
+    collections::HashMap,
+    fs,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use crate::{error::UserError, model::CpuStatUsec};
+
+/// Finds the cgroup2 mount point in `/proc/self/mountinfo`.
+pub fn find_cgroup2_mount() -> Result<PathBuf, UserError> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").map_err(|_| UserError::NoCgroup2)?;
+    parse_cgroup2_mount(&mountinfo).ok_or(UserError::NoCgroup2)
+}
+
+/// Returns the mount point of the first cgroup2 entry of a mountinfo text.
+///
+/// A line reads `id parent major:minor root mount-point options [optional…] - fstype source
+/// super-options`; the mount point is field 5 and the file system type follows the `-`.
+pub fn parse_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (before, after) = line.split_once(" - ")?;
+        if after.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        let mount_point = before.split_whitespace().nth(4)?;
+        Some(PathBuf::from(unescape_mountinfo(mount_point)))
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 4 <= bytes.len()
+            && let Some(code) = std::str::from_utf8(&bytes[i + 1..i + 4])
+                .ok()
+                .and_then(|octal| u8::from_str_radix(octal, 8).ok())
+        {
+            out.push(code);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The cgroup v2 id of a cgroup directory: its inode number.
+pub fn cgroup_id(dir: &Path) -> std::io::Result<u64> {
+    Ok(fs::metadata(dir)?.ino())
+}
+
+/// Maps cgroup ids to paths relative to the cgroup2 mount (`/` is the root), by walking the
+/// hierarchy. Walks again only when asked about an id it has not seen.
+#[derive(Debug)]
+pub struct CgroupIndex {
+    mount: PathBuf,
+    paths: HashMap<u64, String>,
+}
+
+impl CgroupIndex {
+    /// An index of the hierarchy mounted at `mount`, walked once now.
+    pub fn new(mount: PathBuf) -> Self {
+        let mut index = Self {
+            mount,
+            paths: HashMap::new(),
+        };
+        index.rescan();
+        index
+    }
+
+    /// Where the cgroup2 hierarchy is mounted.
+    pub fn mount(&self) -> &Path {
+        &self.mount
+    }
+
+    /// Walks the whole hierarchy again; removed cgroups are forgotten.
+    pub fn rescan(&mut self) {
+        self.paths.clear();
+        let mut stack = vec![self.mount.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(meta) = fs::metadata(&dir) else {
+                continue; // removed while we walked
+            };
+            let relative = dir.strip_prefix(&self.mount).unwrap_or(Path::new(""));
+            self.paths
+                .insert(meta.ino(), format!("/{}", relative.to_string_lossy()));
+            let Ok(entries) = fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                    stack.push(entry.path());
+                }
+            }
+        }
+    }
+
+    /// The path of a cgroup id, walking the hierarchy again if the id is new. `None` when the
+    /// cgroup is gone.
+    pub fn resolve(&mut self, id: u64) -> Option<String> {
+        if !self.paths.contains_key(&id) {
+            self.rescan();
+        }
+        self.paths.get(&id).cloned()
+    }
+
+    /// The path of every id in `ids`, walking the hierarchy at most once.
+    pub fn resolve_all(&mut self, ids: impl IntoIterator<Item = u64>) -> HashMap<u64, String> {
+        let ids: Vec<u64> = ids.into_iter().collect();
+        if ids.iter().any(|id| !self.paths.contains_key(id)) {
+            self.rescan();
+        }
+        ids.into_iter()
+            .filter_map(|id| Some((id, self.paths.get(&id)?.clone())))
+            .collect()
+    }
+
+    /// Every known cgroup: id and path.
+    pub fn known(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.paths.iter().map(|(&id, path)| (id, path.as_str()))
+    }
+
+    /// The directory of a cgroup path relative to the mount.
+    pub fn dir_of(&self, path: &str) -> PathBuf {
+        self.mount.join(path.trim_start_matches('/'))
+    }
+}
+
+/// Parses the text of a `cpu.stat` file.
+pub fn parse_cpu_stat(text: &str) -> Option<CpuStatUsec> {
+    let mut stat = CpuStatUsec::default();
+    let mut seen = 0;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(' ') else {
+            continue;
+        };
+        let slot = match key {
+            "usage_usec" => &mut stat.usage_usec,
+            "user_usec" => &mut stat.user_usec,
+            "system_usec" => &mut stat.system_usec,
+            _ => continue,
+        };
+        *slot = value.trim().parse().ok()?;
+        seen += 1;
+    }
+    (seen == 3).then_some(stat)
+}
+
+/// Reads `cpu.stat` of a cgroup directory.
+pub fn read_cpu_stat(dir: &Path) -> Option<CpuStatUsec> {
+    parse_cpu_stat(&fs::read_to_string(dir.join("cpu.stat")).ok()?)
+}
+
+/// A thread's CPU time so far (`se.sum_exec_runtime`, including the slice it is running now),
+/// from the first field of `/proc/<tid>/schedstat`.
+pub fn read_thread_runtime_ns(tid: u32) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{tid}/schedstat")).ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// A thread's cgroup2 path (relative to the mount) from `/proc/<tid>/cgroup`.
+pub fn read_thread_cgroup2_path(tid: u32) -> Option<String> {
+    parse_cgroup2_membership(&fs::read_to_string(format!("/proc/{tid}/cgroup")).ok()?)
+}
+
+/// The path of the `0::<path>` line of a `/proc/<pid>/cgroup` text.
+pub fn parse_cgroup2_membership(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .map(|path| path.trim_end_matches(" (deleted)").to_string())
+}
+
+/// Starts `command` inside the cgroup at `dir`: the child moves itself there between fork and
+/// exec, so everything it runs, exec included, is the cgroup's.
+pub fn spawn_in_cgroup(
+    command: &mut std::process::Command,
+    dir: &Path,
+) -> std::io::Result<std::process::Child> {
+    use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
+
+    let procs = fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("cgroup.procs"))?;
+    let fd = procs.as_raw_fd();
+    // SAFETY: the closure only calls write(2), which is async-signal-safe, on an fd opened
+    // before the fork; it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            // "0" moves the writing process.
+            if libc::write(fd, b"0".as_ptr().cast(), 1) == 1 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let child = command.spawn();
+    drop(procs);
+    child
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_hybrid_cgroup2_mount() {
+        let mountinfo = "\
+35 31 0:31 / /sys/fs/cgroup/cpu rw,relatime shared:14 - cgroup cgroup rw,cpu
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:9 - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            parse_cgroup2_mount(mountinfo),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+    }
+
+    #[test]
+    fn finds_unified_mount_with_optional_fields_and_escapes() {
+        let mountinfo = "29 23 0:26 / /sys/fs/cg\\040root rw,nosuid shared:4 master:1 - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(
+            parse_cgroup2_mount(mountinfo),
+            Some(PathBuf::from("/sys/fs/cg root"))
+        );
+    }
+
+    #[test]
+    fn no_cgroup2_is_none() {
+        assert_eq!(
+            parse_cgroup2_mount("1 0 0:1 / / rw - ext4 /dev/vda rw\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn reads_cgroup2_membership() {
+        let text = "4:memory:/x\n1:cpu:/\n0::/workers/job-1\n";
+        assert_eq!(
+            parse_cgroup2_membership(text),
+            Some("/workers/job-1".into())
+        );
+        assert_eq!(parse_cgroup2_membership("4:memory:/x\n"), None);
+    }
+
+    #[test]
+    fn parses_cpu_stat() {
+        let text = "usage_usec 100\nuser_usec 60\nsystem_usec 40\nnice_usec 0\n";
+        assert_eq!(
+            parse_cpu_stat(text),
+            Some(CpuStatUsec {
+                usage_usec: 100,
+                user_usec: 60,
+                system_usec: 40
+            })
+        );
+        assert_eq!(parse_cpu_stat("usage_usec x\n"), None);
+    }
+}

@@ -1,0 +1,261 @@
+//! Collection: reads the programs' maps into a [`Sample`]. Knows nothing of sinks.
+
+use anyhow::Context as _;
+use aya::maps::{MapData, PerCpuArray, PerCpuHashMap};
+use probe_common::{
+    cpu::{CPU_STATS_MAP, CpuStats, LAST_SWITCH_MAP, LastSwitch},
+    drops::{DROP_NAMES, DROPS_MAP},
+    net::{NET_STATS_MAP, NetStats},
+};
+
+use crate::{
+    cgroup::{self, CgroupIndex},
+    clock::Timestamp,
+    loader::Probe,
+    model::{Drops, Sample},
+};
+
+/// Something that yields cumulative samples: the kernel now, a recording later.
+pub trait Source {
+    /// Reads every worker's counters as of now.
+    fn sample(&mut self) -> anyhow::Result<Sample>;
+}
+
+/// CPU counters per cgroup id, per CPU.
+type CpuPerWorker = std::collections::BTreeMap<u64, Vec<CpuStats>>;
+
+/// A slice still running on a CPU when the maps were read.
+struct RunningSlice {
+    cpu: usize,
+    slice_ns: u64,
+    /// cgroup2 path of the running thread.
+    path: String,
+}
+
+/// Reads the maps of the loaded programs.
+pub struct KernelCollector {
+    cpu_stats: PerCpuHashMap<MapData, u64, CpuStats>,
+    net_stats: PerCpuHashMap<MapData, u64, NetStats>,
+    drops: PerCpuArray<MapData, u64>,
+    last_switch: PerCpuArray<MapData, LastSwitch>,
+    /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
+    reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
+    cgroups: CgroupIndex,
+    read_cpu_stat: bool,
+    /// Possible CPUs: every worker gets one per-CPU entry for each.
+    cpus: usize,
+    /// Keeps the programs attached as long as the collector lives.
+    _probe: Probe,
+}
+
+impl KernelCollector {
+    /// Takes the maps out of `probe`. With `read_cpu_stat`, each sample also reads every
+    /// worker's `cpu.stat` (the kernel's user/system split).
+    pub fn new(
+        mut probe: Probe,
+        cgroups: CgroupIndex,
+        read_cpu_stat: bool,
+    ) -> anyhow::Result<Self> {
+        let mut take = |name: &str| {
+            probe
+                .ebpf
+                .take_map(name)
+                .with_context(|| format!("map {name} missing from the eBPF object"))
+        };
+        let cpu_stats = PerCpuHashMap::try_from(take(CPU_STATS_MAP)?)
+            .with_context(|| format!("map {CPU_STATS_MAP}"))?;
+        let net_stats = PerCpuHashMap::try_from(take(NET_STATS_MAP)?)
+            .with_context(|| format!("map {NET_STATS_MAP}"))?;
+        let drops =
+            PerCpuArray::try_from(take(DROPS_MAP)?).with_context(|| format!("map {DROPS_MAP}"))?;
+        let last_switch = PerCpuArray::try_from(take(LAST_SWITCH_MAP)?)
+            .with_context(|| format!("map {LAST_SWITCH_MAP}"))?;
+        Ok(Self {
+            last_switch,
+            reported_on_cpu_ns: std::collections::HashMap::new(),
+            cpu_stats,
+            net_stats,
+            drops,
+            cgroups,
+            read_cpu_stat,
+            cpus: aya::util::nr_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?,
+            _probe: probe,
+        })
+    }
+}
+
+impl Source for KernelCollector {
+    fn sample(&mut self) -> anyhow::Result<Sample> {
+        let taken_at = Some(Timestamp::now());
+        let mut sample = Sample {
+            taken_at,
+            ..Sample::default()
+        };
+        let (cpu_per_worker, running) = self.read_cpu_consistently()?;
+        for (cgroup_id, per_cpu) in cpu_per_worker {
+            sample.workers.entry(cgroup_id).or_default().cpu_per_cpu = per_cpu;
+        }
+        for entry in self.net_stats.iter() {
+            let Ok((cgroup_id, per_cpu)) = entry else {
+                continue;
+            };
+            let net = &mut sample.workers.entry(cgroup_id).or_default().net;
+            for on_cpu in per_cpu.iter() {
+                for (sum, add) in net.families.iter_mut().zip(&on_cpu.families) {
+                    sum.sent_bytes += add.sent_bytes;
+                    sum.sent_calls += add.sent_calls;
+                    sum.received_bytes += add.received_bytes;
+                    sum.received_calls += add.received_calls;
+                }
+            }
+        }
+        if self.read_cpu_stat {
+            // Every cgroup gets a cpu.stat baseline, active or not, so that a worker whose
+            // first activity comes later is measured from this sample, not from its birth.
+            self.cgroups.rescan();
+            for (cgroup_id, _) in self.cgroups.known() {
+                sample.workers.entry(cgroup_id).or_default();
+            }
+        }
+        let paths = self.cgroups.resolve_all(sample.workers.keys().copied());
+        for (cgroup_id, worker) in sample.workers.iter_mut() {
+            worker.path = paths.get(cgroup_id).cloned();
+            // Workers seen only in the network map still get one entry per CPU.
+            worker.cpu_per_cpu.resize(self.cpus, CpuStats::default());
+            if self.read_cpu_stat
+                && let Some(path) = &worker.path
+            {
+                worker.cpu_stat = cgroup::read_cpu_stat(&self.cgroups.dir_of(path));
+            }
+        }
+        self.add_running_slices(&mut sample, running);
+        self.never_go_backwards(&mut sample);
+        sample.drops = self.read_drops()?;
+        Ok(sample)
+    }
+}
+
+impl KernelCollector {
+    fn read_last_switches(&self) -> anyhow::Result<Vec<LastSwitch>> {
+        Ok(self
+            .last_switch
+            .get(&0, 0)
+            .context("reading the last switch of each CPU")?
+            .to_vec())
+    }
+
+    /// Reads the CPU map and the slice each CPU is running now, as one consistent picture.
+    ///
+    /// The programs count a slice only when it ends. A CPU whose switch count is the same
+    /// before and after reading the map ran one slice throughout: the map lacks it, and its
+    /// thread's runtime since its switch-in is exactly what the program will add at its end.
+    /// If a busy CPU switched while we read, read again (a few times at most); what is still
+    /// unsettled then is left to the next sample.
+    fn read_cpu_consistently(&mut self) -> anyhow::Result<(CpuPerWorker, Vec<RunningSlice>)> {
+        const ATTEMPTS: usize = 3;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let before = self.read_last_switches()?;
+            let mut per_worker = CpuPerWorker::new();
+            for entry in self.cpu_stats.iter() {
+                // An entry removed between listing and lookup is simply skipped.
+                let Ok((cgroup_id, per_cpu)) = entry else {
+                    continue;
+                };
+                per_worker.insert(cgroup_id, per_cpu.to_vec());
+            }
+            let mut running = Vec::new();
+            for (cpu, record) in before.iter().enumerate() {
+                if record.at_ns == 0 || record.next_tid == 0 {
+                    continue; // no switch seen yet, or idle
+                }
+                let tid = record.next_tid;
+                let (Some(runtime_ns), Some(path)) = (
+                    cgroup::read_thread_runtime_ns(tid),
+                    cgroup::read_thread_cgroup2_path(tid),
+                ) else {
+                    continue; // the thread is gone
+                };
+                if let Some(slice_ns) = runtime_ns.checked_sub(record.next_sum_exec_runtime_ns) {
+                    running.push(RunningSlice {
+                        cpu,
+                        slice_ns,
+                        path,
+                    });
+                }
+            }
+            let after = self.read_last_switches()?;
+            let settled = |cpu: usize| {
+                after.get(cpu).map(|record| record.switch_count)
+                    == before.get(cpu).map(|record| record.switch_count)
+            };
+            let unsettled = before
+                .iter()
+                .enumerate()
+                .any(|(cpu, record)| record.next_tid != 0 && !settled(cpu));
+            if !unsettled || attempt == ATTEMPTS {
+                running.retain(|slice| settled(slice.cpu));
+                return Ok((per_worker, running));
+            }
+        }
+    }
+
+    /// Adds the running slices to their workers.
+    fn add_running_slices(&mut self, sample: &mut Sample, running: Vec<RunningSlice>) {
+        for RunningSlice {
+            cpu,
+            slice_ns,
+            path,
+        } in running
+        {
+            let Ok(cgroup_id) = cgroup::cgroup_id(&self.cgroups.dir_of(&path)) else {
+                continue;
+            };
+            let worker = sample.workers.entry(cgroup_id).or_default();
+            worker.cpu_per_cpu.resize(self.cpus, CpuStats::default());
+            if worker.path.is_none() {
+                worker.path = Some(path);
+            }
+            if let Some(on_cpu) = worker.cpu_per_cpu.get_mut(cpu) {
+                on_cpu.on_cpu_ns += slice_ns;
+            }
+        }
+    }
+
+    /// A running slice reported in one sample may be missing from the next if it ended while
+    /// that one was read; its full length arrives in the sample after. Reporting at least
+    /// what was reported before keeps every counter monotonic without counting twice.
+    fn never_go_backwards(&mut self, sample: &mut Sample) {
+        let mut reported = std::collections::HashMap::with_capacity(self.reported_on_cpu_ns.len());
+        for (&cgroup_id, worker) in sample.workers.iter_mut() {
+            let before = self.reported_on_cpu_ns.get(&cgroup_id);
+            for (cpu, on_cpu) in worker.cpu_per_cpu.iter_mut().enumerate() {
+                if let Some(&floor) = before.and_then(|b| b.get(cpu)) {
+                    on_cpu.on_cpu_ns = on_cpu.on_cpu_ns.max(floor);
+                }
+            }
+            reported.insert(
+                cgroup_id,
+                worker
+                    .cpu_per_cpu
+                    .iter()
+                    .map(|c| c.on_cpu_ns)
+                    .collect::<Vec<_>>(),
+            );
+        }
+        self.reported_on_cpu_ns = reported;
+    }
+
+    fn read_drops(&self) -> anyhow::Result<Drops> {
+        let by_map = (0..DROP_NAMES.len() as u32)
+            .map(|slot| {
+                self.drops
+                    .get(&slot, 0)
+                    .map(|per_cpu| per_cpu.iter().sum())
+                    .with_context(|| format!("reading drop counter {slot}"))
+            })
+            .collect::<anyhow::Result<Vec<u64>>>()?;
+        Ok(Drops { by_map })
+    }
+}

@@ -1,0 +1,33 @@
+//! Errors a user can cause or meet on their machine, each one clear sentence saying what to do.
+
+use std::path::PathBuf;
+
+/// A problem the user can fix; `main` prints it as one sentence and exits non-zero.
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    /// Loading eBPF programs needs privileges the process does not hold.
+    #[error(
+        "workerprobe needs root (or CAP_BPF and CAP_PERFMON) to load its eBPF programs: run it with sudo"
+    )]
+    NotPrivileged,
+    /// The kernel exposes no BTF, which `tp_btf` programs need.
+    #[error(
+        "the kernel has no BTF at /sys/kernel/btf/vmlinux: use a kernel built with CONFIG_DEBUG_INFO_BTF=y (most distribution kernels since 5.4)"
+    )]
+    NoKernelBtf,
+    /// A tracepoint the programs attach to does not exist in this kernel.
+    #[error(
+        "this kernel has no `{0}` tracepoint: workerprobe needs Linux 6.3 or newer (sock_send_length/sock_recv_length appeared in 6.3)"
+    )]
+    MissingTracepoint(String),
+    /// No cgroup2 hierarchy is mounted.
+    #[error(
+        "no cgroup2 file system is mounted: mount one (`mount -t cgroup2 none /sys/fs/cgroup/unified`) or boot with systemd.unified_cgroup_hierarchy=1"
+    )]
+    NoCgroup2,
+    /// A path given by the user is not a cgroup under the cgroup2 mount.
+    #[error(
+        "{0} is not a cgroup directory under the cgroup2 mount: give a path like /sys/fs/cgroup/myworker"
+    )]
+    NotACgroup(PathBuf),
+}

@@ -1,0 +1,84 @@
+//! Struct member offsets read from the running kernel's BTF.
+//!
+//! Rust eBPF has no CO-RE relocations, so the one struct field the programs read (a socket's
+//! address family) is located here at load time and handed to them as a read-only global.
+
+use anyhow::{Context as _, anyhow, bail};
+use btf_rs::{Btf, Type};
+
+/// Where the kernel's BTF lives.
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Byte offset of `skc_family` in `struct sock` (through `__sk_common`).
+pub fn sock_family_offset(btf: &Btf) -> anyhow::Result<u32> {
+    member_offset(btf, "sock", &["__sk_common", "skc_family"])
+}
+
+/// Byte offset of `se.sum_exec_runtime` in `struct task_struct`.
+pub fn task_sum_exec_runtime_offset(btf: &Btf) -> anyhow::Result<u32> {
+    member_offset(btf, "task_struct", &["se", "sum_exec_runtime"])
+}
+
+/// Byte offset of `pid` (the thread id) in `struct task_struct`.
+pub fn task_pid_offset(btf: &Btf) -> anyhow::Result<u32> {
+    member_offset(btf, "task_struct", &["pid"])
+}
+
+/// Byte offset of a member reached through `path` from the start of struct `struct_name`,
+/// looking through anonymous structs and unions on the way.
+pub fn member_offset(btf: &Btf, struct_name: &str, path: &[&str]) -> anyhow::Result<u32> {
+    let mut current = btf
+        .resolve_types_by_name(struct_name)
+        .with_context(|| format!("struct {struct_name} not in the kernel's BTF"))?
+        .into_iter()
+        .find(|candidate| matches!(candidate, Type::Struct(_)))
+        .ok_or_else(|| anyhow!("{struct_name} is not a struct in the kernel's BTF"))?;
+    let mut offset_bits = 0u32;
+    for name in path {
+        let (member_bits, member_type) = find_member(btf, &current, name)?
+            .ok_or_else(|| anyhow!("struct {struct_name} has no member {name}"))?;
+        offset_bits += member_bits;
+        current = member_type;
+    }
+    if !offset_bits.is_multiple_of(8) {
+        bail!("{struct_name}.{} is a bit field", path.join("."));
+    }
+    Ok(offset_bits / 8)
+}
+
+/// Finds `name` among the members of a struct or union, descending into anonymous members.
+/// Returns the member's bit offset from the start of `container` and its (typedef-resolved)
+/// type.
+fn find_member(btf: &Btf, container: &Type, name: &str) -> anyhow::Result<Option<(u32, Type)>> {
+    let members = match container {
+        Type::Struct(s) | Type::Union(s) => &s.members,
+        _ => return Ok(None),
+    };
+    for member in members {
+        let member_name = btf.resolve_name(member).unwrap_or_default();
+        let member_type = strip_modifiers(btf, btf.resolve_chained_type(member)?)?;
+        if member_name == name {
+            return Ok(Some((member.bit_offset(), member_type)));
+        }
+        if member_name.is_empty()
+            && let Some((inner_bits, found)) = find_member(btf, &member_type, name)?
+        {
+            return Ok(Some((member.bit_offset() + inner_bits, found)));
+        }
+    }
+    Ok(None)
+}
+
+/// Follows typedefs and qualifiers to the underlying type.
+fn strip_modifiers(btf: &Btf, mut ty: Type) -> anyhow::Result<Type> {
+    loop {
+        ty = match &ty {
+            Type::Typedef(t) => btf.resolve_chained_type(t)?,
+            Type::Const(t) => btf.resolve_chained_type(t)?,
+            Type::Volatile(t) => btf.resolve_chained_type(t)?,
+            Type::Restrict(t) => btf.resolve_chained_type(t)?,
+            Type::TypeTag(t) => btf.resolve_chained_type(t)?,
+            _ => return Ok(ty),
+        };
+    }
+}

@@ -1,0 +1,181 @@
+//! Loads the eBPF object into the kernel and attaches its programs. The only module that
+//! touches `aya::programs`.
+
+pub mod kernel_btf;
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use aya::{Btf, Ebpf, EbpfLoader, programs::BtfTracePoint};
+use probe_common::{
+    cpu::{TASK_PID_OFFSET_GLOBAL, TASK_SUM_EXEC_RUNTIME_OFFSET_GLOBAL},
+    net::SOCK_FAMILY_OFFSET_GLOBAL,
+};
+
+use crate::error::UserError;
+
+/// The eBPF object built from `probe-ebpf` by build.rs.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe-ebpf"));
+
+/// Each program and the tracepoint it attaches to (they share a name).
+pub const PROGRAMS: [&str; 3] = ["sched_switch", "sock_send_length", "sock_recv_length"];
+
+/// Options for loading.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// How many cgroups each per-cgroup map holds.
+    pub max_workers: u32,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            max_workers: probe_common::DEFAULT_MAX_WORKERS,
+        }
+    }
+}
+
+/// The loaded and attached programs; dropping it detaches them and frees their maps.
+pub struct Probe {
+    /// The loaded object; its maps are read by the collector.
+    pub ebpf: Ebpf,
+}
+
+/// Checks what the user can fix, then loads and attaches every program.
+pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
+    check_privileges()?;
+    if !Path::new(kernel_btf::VMLINUX_BTF).exists() {
+        return Err(UserError::NoKernelBtf.into());
+    }
+    let (family_offset, sum_exec_offset, pid_offset) = {
+        let btf =
+            btf_rs::Btf::from_file(kernel_btf::VMLINUX_BTF).map_err(|_| UserError::NoKernelBtf)?;
+        (
+            kernel_btf::sock_family_offset(&btf).context("locating struct sock's family field")?,
+            kernel_btf::task_sum_exec_runtime_offset(&btf)
+                .context("locating task_struct's se.sum_exec_runtime")?,
+            kernel_btf::task_pid_offset(&btf).context("locating task_struct's pid")?,
+        )
+    };
+    let btf = Btf::from_sys_fs().map_err(|_| UserError::NoKernelBtf)?;
+
+    let mut ebpf = EbpfLoader::new()
+        .btf(Some(&btf))
+        .override_global(SOCK_FAMILY_OFFSET_GLOBAL, &family_offset, true)
+        .override_global(TASK_SUM_EXEC_RUNTIME_OFFSET_GLOBAL, &sum_exec_offset, true)
+        .override_global(TASK_PID_OFFSET_GLOBAL, &pid_offset, true)
+        .map_max_entries(probe_common::cpu::CPU_STATS_MAP, options.max_workers)
+        .map_max_entries(probe_common::net::NET_STATS_MAP, options.max_workers)
+        .load(EBPF_OBJECT)
+        .map_err(|err| classify_load_error(err.into()))?;
+
+    for name in PROGRAMS {
+        attach(&mut ebpf, &btf, name)?;
+    }
+    switch_on_every_cpu();
+    Ok(Probe { ebpf })
+}
+
+fn attach(ebpf: &mut Ebpf, btf: &Btf, name: &str) -> anyhow::Result<()> {
+    let program: &mut BtfTracePoint = ebpf
+        .program_mut(name)
+        .with_context(|| format!("program {name} missing from the eBPF object"))?
+        .try_into()
+        .with_context(|| format!("program {name} is not a tp_btf program"))?;
+    if let Err(err) = program.load(name, btf) {
+        let text = format!("{err:#}").to_lowercase();
+        if text.contains("not found") || text.contains("no such") {
+            return Err(UserError::MissingTracepoint(name.to_string()).into());
+        }
+        return Err(classify_load_error(anyhow::Error::new(err)))
+            .with_context(|| format!("loading program {name}"));
+    }
+    program
+        .attach()
+        .with_context(|| format!("attaching program {name} to tracepoint {name}"))?;
+    Ok(())
+}
+
+/// Makes every CPU switch once, so each has a switch record before the first sample.
+///
+/// The program learns where a CPU's running slice began only at a switch; a thread that was
+/// running when the programs were attached would otherwise go uncounted until it left its CPU,
+/// which for a busy thread can be seconds. A short thread pinned to each CPU forces a switch.
+fn switch_on_every_cpu() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let online = aya::util::online_cpus().unwrap_or_else(|_| (0..cpus as u32).collect());
+    let threads: Vec<_> = online
+        .into_iter()
+        .map(|cpu| {
+            std::thread::spawn(move || {
+                // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays within its bounds for
+                // any CPU number the kernel reports online.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu as usize, &mut set);
+                    // Moving to the CPU switches it to this thread; yielding switches back.
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                    libc::sched_yield();
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        let _ = thread.join();
+    }
+}
+
+/// A permission error from the kernel becomes the privileges sentence.
+fn classify_load_error(err: anyhow::Error) -> anyhow::Error {
+    let text = format!("{err:#}");
+    if text.contains("Operation not permitted") || text.contains("EPERM") {
+        UserError::NotPrivileged.into()
+    } else {
+        err
+    }
+}
+
+/// Capability numbers from linux/capability.h.
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Fails early, with the sentence a user needs, when the process cannot load programs.
+pub fn check_privileges() -> Result<(), UserError> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let effective = parse_cap_eff(&status).unwrap_or(0);
+    if has_bpf_privileges(effective) {
+        Ok(())
+    } else {
+        Err(UserError::NotPrivileged)
+    }
+}
+
+/// The `CapEff:` mask of a `/proc/<pid>/status` text.
+pub fn parse_cap_eff(status: &str) -> Option<u64> {
+    let line = status.lines().find(|line| line.starts_with("CapEff:"))?;
+    u64::from_str_radix(line.trim_start_matches("CapEff:").trim(), 16).ok()
+}
+
+/// Whether a capability mask allows loading tracing programs (CAP_BPF + CAP_PERFMON, or
+/// CAP_SYS_ADMIN on its own).
+pub fn has_bpf_privileges(effective: u64) -> bool {
+    let has = |cap: u32| effective & (1u64 << cap) != 0;
+    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_capabilities() {
+        let status = "Name:\tx\nCapEff:\t000001ffffffffff\n";
+        let effective = parse_cap_eff(status);
+        assert_eq!(effective, Some(0x1ff_ffff_ffff));
+        assert!(has_bpf_privileges(0x1ff_ffff_ffff));
+        assert!(!has_bpf_privileges(0));
+        assert!(has_bpf_privileges((1 << CAP_BPF) | (1 << CAP_PERFMON)));
+        assert!(!has_bpf_privileges(1 << CAP_BPF));
+    }
+}

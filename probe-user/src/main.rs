@@ -1,0 +1,37 @@
+//! The `workerprobe` binary: parse, run, report errors as one sentence.
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use workerprobe::{
+    app,
+    cli::{Cli, Command},
+    error::UserError,
+};
+
+fn main() -> ExitCode {
+    // Bad flags and values: clap prints the reason and exits with 2.
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            match err.downcast_ref::<UserError>() {
+                Some(user_error) => eprintln!("Error: {user_error}"),
+                None => eprintln!("Error: {err:#}"),
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        match &cli.command {
+            Command::Top(args) => app::top(args).await,
+            Command::Snapshot(args) => app::snapshot(args).await,
+        }
+    })
+}

@@ -1,0 +1,56 @@
+//! Raw samples: cumulative counters as read from the maps, per cgroup.
+
+use std::collections::BTreeMap;
+
+use probe_common::{cpu::CpuStats, net::NetStats};
+
+use crate::clock::Timestamp;
+
+/// The kernel's own CPU accounting of a cgroup, from its `cpu.stat` (includes descendants).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CpuStatUsec {
+    /// `usage_usec`: all CPU time.
+    pub usage_usec: u64,
+    /// `user_usec`: time in user mode.
+    pub user_usec: u64,
+    /// `system_usec`: time in the kernel.
+    pub system_usec: u64,
+}
+
+/// Every counter of one cgroup at one moment, cumulative since the programs were loaded.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkerCounters {
+    /// Path relative to the cgroup2 mount (`/` is the root); `None` once the cgroup is gone.
+    pub path: Option<String>,
+    /// Scheduler counters per CPU, indexed by CPU number.
+    pub cpu_per_cpu: Vec<CpuStats>,
+    /// Socket counters summed over CPUs.
+    pub net: NetStats,
+    /// The cgroup's `cpu.stat`, when it was read.
+    pub cpu_stat: Option<CpuStatUsec>,
+}
+
+/// Drop counters, summed over CPUs, in `probe_common::drops::DROP_NAMES` order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Drops {
+    /// One total per named slot.
+    pub by_map: Vec<u64>,
+}
+
+/// All workers' cumulative counters at one moment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sample {
+    /// When the maps were read.
+    pub taken_at: Option<Timestamp>,
+    /// Counters per cgroup id.
+    pub workers: BTreeMap<u64, WorkerCounters>,
+    /// Failed map inserts so far.
+    pub drops: Drops,
+}
+
+impl WorkerCounters {
+    /// On-CPU nanoseconds summed over CPUs.
+    pub fn on_cpu_ns(&self) -> u64 {
+        self.cpu_per_cpu.iter().map(|cpu| cpu.on_cpu_ns).sum()
+    }
+}

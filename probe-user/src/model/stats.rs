@@ -1,0 +1,345 @@
+//! What each worker did between two samples.
+
+use probe_common::net::{FAMILY_COUNT, FamilyCounters};
+
+use super::sample::{CpuStatUsec, Sample, WorkerCounters};
+use crate::clock::Timestamp;
+
+/// Socket traffic of one family over an interval.
+pub type FamilyDelta = FamilyCounters;
+
+/// One worker over one interval, plus its totals since the programs were loaded.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkerStats {
+    /// cgroup v2 id.
+    pub cgroup_id: u64,
+    /// Path relative to the cgroup2 mount, when known.
+    pub path: Option<String>,
+    /// Length of the interval.
+    pub interval_ns: u64,
+    /// On-CPU nanoseconds per CPU in the interval.
+    pub cpu_ns_per_cpu: Vec<u64>,
+    /// Voluntary context switches in the interval.
+    pub voluntary_switches: u64,
+    /// Involuntary context switches in the interval.
+    pub involuntary_switches: u64,
+    /// Socket traffic per family in the interval (`probe_common::net::FAMILY_*` order).
+    pub net: [FamilyDelta; FAMILY_COUNT],
+    /// User-mode nanoseconds from `cpu.stat`, when both samples read it.
+    pub cpu_user_ns: Option<u64>,
+    /// Kernel-mode nanoseconds from `cpu.stat`, when both samples read it.
+    pub cpu_system_ns: Option<u64>,
+    /// On-CPU nanoseconds since load.
+    pub total_cpu_ns: u64,
+    /// Bytes sent since load.
+    pub total_sent_bytes: u64,
+    /// Bytes received since load.
+    pub total_received_bytes: u64,
+}
+
+impl WorkerStats {
+    /// On-CPU nanoseconds summed over CPUs.
+    pub fn cpu_ns(&self) -> u64 {
+        self.cpu_ns_per_cpu.iter().sum()
+    }
+
+    /// Average number of CPUs busy with this worker (1.0 = one core all the time).
+    pub fn cpu_cores(&self) -> f64 {
+        ratio(self.cpu_ns(), self.interval_ns)
+    }
+
+    /// Cores used on each CPU.
+    pub fn cpu_cores_per_cpu(&self) -> Vec<f64> {
+        self.cpu_ns_per_cpu
+            .iter()
+            .map(|&ns| ratio(ns, self.interval_ns))
+            .collect()
+    }
+
+    /// Bytes sent over all families.
+    pub fn sent_bytes(&self) -> u64 {
+        self.net.iter().map(|family| family.sent_bytes).sum()
+    }
+
+    /// Bytes received over all families.
+    pub fn received_bytes(&self) -> u64 {
+        self.net.iter().map(|family| family.received_bytes).sum()
+    }
+
+    /// Successful send calls over all families.
+    pub fn sent_calls(&self) -> u64 {
+        self.net.iter().map(|family| family.sent_calls).sum()
+    }
+
+    /// Successful receive calls over all families.
+    pub fn received_calls(&self) -> u64 {
+        self.net.iter().map(|family| family.received_calls).sum()
+    }
+
+    /// Send rate over the interval.
+    pub fn sent_bytes_per_second(&self) -> f64 {
+        ratio(self.sent_bytes(), self.interval_ns) * 1e9
+    }
+
+    /// Receive rate over the interval.
+    pub fn received_bytes_per_second(&self) -> f64 {
+        ratio(self.received_bytes(), self.interval_ns) * 1e9
+    }
+
+    /// Whether anything happened in the interval.
+    pub fn is_active(&self) -> bool {
+        self.cpu_ns() > 0
+            || self.voluntary_switches + self.involuntary_switches > 0
+            || self.sent_calls() + self.received_calls() > 0
+    }
+}
+
+/// `part / whole`, 0 when the interval is empty.
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+/// Every worker between two samples.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Interval {
+    /// Start of the interval (the earlier sample), if there was one.
+    pub start: Option<Timestamp>,
+    /// End of the interval.
+    pub end: Option<Timestamp>,
+    /// Workers, active or not, in cgroup id order.
+    pub workers: Vec<WorkerStats>,
+    /// Drops in the interval per map.
+    pub drops: Vec<u64>,
+    /// Drops since load per map.
+    pub total_drops: Vec<u64>,
+}
+
+impl Interval {
+    /// Length of the interval in nanoseconds (0 without a start).
+    pub fn duration_ns(&self) -> u64 {
+        match (self.start, self.end) {
+            (Some(start), Some(end)) => end.monotonic_ns.saturating_sub(start.monotonic_ns),
+            _ => 0,
+        }
+    }
+
+    /// Workers that did something in the interval.
+    pub fn active_workers(&self) -> impl Iterator<Item = &WorkerStats> {
+        self.workers.iter().filter(|worker| worker.is_active())
+    }
+}
+
+/// What each worker did from `previous` to `current`. A worker absent from `previous` counts
+/// from zero (it started after the programs were loaded). A counter that went backwards (its
+/// entry was freed and made again) also counts from zero rather than wrapping.
+pub fn diff(previous: Option<&Sample>, current: &Sample) -> Interval {
+    let start = previous.and_then(|sample| sample.taken_at);
+    let end = current.taken_at;
+    let interval_ns = match (start, end) {
+        (Some(start), Some(end)) => end.monotonic_ns.saturating_sub(start.monotonic_ns),
+        _ => 0,
+    };
+    let workers = current
+        .workers
+        .iter()
+        .map(|(&cgroup_id, now)| {
+            let before = previous.and_then(|sample| sample.workers.get(&cgroup_id));
+            worker_delta(cgroup_id, before, now, interval_ns)
+        })
+        .collect();
+    let before_drops = previous.map(|sample| sample.drops.by_map.as_slice());
+    let drops = current
+        .drops
+        .by_map
+        .iter()
+        .enumerate()
+        .map(|(slot, &now)| {
+            let before = before_drops.and_then(|d| d.get(slot)).copied().unwrap_or(0);
+            now.checked_sub(before).unwrap_or(now)
+        })
+        .collect();
+    Interval {
+        start,
+        end,
+        workers,
+        drops,
+        total_drops: current.drops.by_map.clone(),
+    }
+}
+
+fn worker_delta(
+    cgroup_id: u64,
+    before: Option<&WorkerCounters>,
+    now: &WorkerCounters,
+    interval_ns: u64,
+) -> WorkerStats {
+    // A worker whose counters went backwards was freed and re-made: count it from zero.
+    let before = before.filter(|before| counters_grew(before, now));
+    let cpu_before = |cpu: usize| before.and_then(|b| b.cpu_per_cpu.get(cpu)).copied();
+    let mut stats = WorkerStats {
+        cgroup_id,
+        path: now.path.clone(),
+        interval_ns,
+        total_cpu_ns: now.on_cpu_ns(),
+        total_sent_bytes: now.net.families.iter().map(|f| f.sent_bytes).sum(),
+        total_received_bytes: now.net.families.iter().map(|f| f.received_bytes).sum(),
+        ..WorkerStats::default()
+    };
+    for (cpu, counters) in now.cpu_per_cpu.iter().enumerate() {
+        let base = cpu_before(cpu).unwrap_or_default();
+        stats
+            .cpu_ns_per_cpu
+            .push(counters.on_cpu_ns - base.on_cpu_ns);
+        stats.voluntary_switches += counters.voluntary_switches - base.voluntary_switches;
+        stats.involuntary_switches += counters.involuntary_switches - base.involuntary_switches;
+    }
+    for (slot, family) in now.net.families.iter().enumerate() {
+        let base = before.map(|b| b.net.families[slot]).unwrap_or_default();
+        stats.net[slot] = FamilyCounters {
+            sent_bytes: family.sent_bytes - base.sent_bytes,
+            sent_calls: family.sent_calls - base.sent_calls,
+            received_bytes: family.received_bytes - base.received_bytes,
+            received_calls: family.received_calls - base.received_calls,
+        };
+    }
+    // A worker absent from `previous` did not exist then (cpu.stat is read for every cgroup),
+    // so its whole cpu.stat falls in the interval.
+    let cpu_stat_before = match before {
+        Some(before) => before.cpu_stat,
+        None => Some(CpuStatUsec::default()),
+    };
+    if let (Some(then), Some(now)) = (cpu_stat_before, now.cpu_stat) {
+        stats.cpu_user_ns = usec_delta_ns(then, now, |stat| stat.user_usec);
+        stats.cpu_system_ns = usec_delta_ns(then, now, |stat| stat.system_usec);
+    }
+    stats
+}
+
+fn usec_delta_ns(
+    then: CpuStatUsec,
+    now: CpuStatUsec,
+    field: fn(&CpuStatUsec) -> u64,
+) -> Option<u64> {
+    field(&now)
+        .checked_sub(field(&then))
+        .map(|usec| usec * 1_000)
+}
+
+/// Whether every counter in `now` is at least its value in `before`.
+fn counters_grew(before: &WorkerCounters, now: &WorkerCounters) -> bool {
+    let cpu_ok = before
+        .cpu_per_cpu
+        .iter()
+        .zip(&now.cpu_per_cpu)
+        .all(|(b, n)| {
+            n.on_cpu_ns >= b.on_cpu_ns
+                && n.voluntary_switches >= b.voluntary_switches
+                && n.involuntary_switches >= b.involuntary_switches
+        });
+    let net_ok = before
+        .net
+        .families
+        .iter()
+        .zip(&now.net.families)
+        .all(|(b, n)| {
+            n.sent_bytes >= b.sent_bytes
+                && n.sent_calls >= b.sent_calls
+                && n.received_bytes >= b.received_bytes
+                && n.received_calls >= b.received_calls
+        });
+    cpu_ok && net_ok && before.cpu_per_cpu.len() <= now.cpu_per_cpu.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use probe_common::{cpu::CpuStats, net::FAMILY_IPV4};
+
+    use super::*;
+    use crate::model::{Drops, WorkerCounters};
+
+    fn at(ms: u64) -> Option<Timestamp> {
+        Some(Timestamp {
+            monotonic_ns: ms * 1_000_000,
+            wall_unix_ns: ms * 1_000_000,
+        })
+    }
+
+    fn counters(cpu0_ns: u64, cpu1_ns: u64, sent: u64) -> WorkerCounters {
+        let mut worker = WorkerCounters {
+            path: Some("/a".into()),
+            cpu_per_cpu: vec![
+                CpuStats {
+                    on_cpu_ns: cpu0_ns,
+                    voluntary_switches: 1,
+                    involuntary_switches: 0,
+                },
+                CpuStats {
+                    on_cpu_ns: cpu1_ns,
+                    voluntary_switches: 0,
+                    involuntary_switches: 2,
+                },
+            ],
+            ..WorkerCounters::default()
+        };
+        worker.net.families[FAMILY_IPV4].sent_bytes = sent;
+        worker.net.families[FAMILY_IPV4].sent_calls = sent / 100;
+        worker
+    }
+
+    fn sample(ms: u64, worker: WorkerCounters, drops: u64) -> Sample {
+        Sample {
+            taken_at: at(ms),
+            workers: [(7, worker)].into_iter().collect(),
+            drops: Drops {
+                by_map: vec![drops, 0],
+            },
+        }
+    }
+
+    #[test]
+    fn diff_takes_deltas_and_rates() {
+        let before = sample(1_000, counters(100, 0, 1_000), 1);
+        let after = sample(2_000, counters(500_000_100, 250_000_000, 3_000), 4);
+        let interval = diff(Some(&before), &after);
+        assert_eq!(interval.duration_ns(), 1_000_000_000);
+        let worker = &interval.workers[0];
+        assert_eq!(worker.cpu_ns_per_cpu, vec![500_000_000, 250_000_000]);
+        assert_eq!(worker.cpu_ns(), 750_000_000);
+        assert!((worker.cpu_cores() - 0.75).abs() < 1e-12);
+        assert_eq!(worker.sent_bytes(), 2_000);
+        assert_eq!(worker.sent_calls(), 20);
+        assert!((worker.sent_bytes_per_second() - 2_000.0).abs() < 1e-9);
+        assert_eq!(worker.total_cpu_ns, 750_000_100);
+        assert_eq!(interval.drops, vec![3, 0]);
+        assert_eq!(interval.total_drops, vec![4, 0]);
+    }
+
+    #[test]
+    fn new_worker_counts_from_zero() {
+        let after = sample(2_000, counters(10, 20, 30), 0);
+        let interval = diff(Some(&Sample::default()), &after);
+        assert_eq!(interval.workers[0].cpu_ns(), 30);
+        assert_eq!(interval.workers[0].sent_bytes(), 30);
+    }
+
+    #[test]
+    fn counter_going_backwards_never_wraps() {
+        let before = sample(1_000, counters(1_000, 1_000, 1_000), 0);
+        let after = sample(2_000, counters(10, 1_000, 1_000), 0);
+        let interval = diff(Some(&before), &after);
+        assert_eq!(interval.workers[0].cpu_ns(), 1_010);
+    }
+
+    #[test]
+    fn idle_worker_is_inactive_and_zero_interval_has_zero_rate() {
+        let before = sample(1_000, counters(5, 5, 5), 0);
+        let interval = diff(Some(&before), &before.clone());
+        assert!(!interval.workers[0].is_active());
+        assert_eq!(interval.active_workers().count(), 0);
+        assert_eq!(interval.workers[0].cpu_cores(), 0.0);
+    }
+}

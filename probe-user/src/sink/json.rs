@@ -1,0 +1,215 @@
+//! The `snapshot --json` document: what each worker did in one window.
+
+use std::collections::BTreeMap;
+
+use probe_common::{drops::DROP_NAMES, net::FAMILY_NAMES};
+use serde::Serialize;
+
+use crate::{
+    model::{Interval, WorkerStats},
+    node::NodeFacts,
+};
+
+/// Version of the JSON documents; bumped when a field changes meaning or goes away.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One snapshot window.
+#[derive(Debug, Serialize)]
+pub struct SnapshotDocument {
+    /// Version of this layout.
+    pub schema_version: u32,
+    /// The window the numbers cover.
+    pub window: Window,
+    /// The node the workers ran on.
+    pub node: NodeFacts,
+    /// Workers active in the window, busiest first.
+    pub workers: Vec<WorkerDocument>,
+    /// Failed map inserts (lost events) per map: in the window and since load.
+    pub drops: BTreeMap<&'static str, DropCount>,
+}
+
+/// The time window of a document.
+#[derive(Debug, Serialize)]
+pub struct Window {
+    /// CLOCK_MONOTONIC ns at the start.
+    pub start_monotonic_ns: u64,
+    /// CLOCK_MONOTONIC ns at the end.
+    pub end_monotonic_ns: u64,
+    /// Start, RFC 3339.
+    pub start: String,
+    /// End, RFC 3339.
+    pub end: String,
+    /// Length in seconds.
+    pub duration_seconds: f64,
+}
+
+/// A drop counter.
+#[derive(Debug, Serialize)]
+pub struct DropCount {
+    /// In the window.
+    pub window: u64,
+    /// Since the programs were loaded.
+    pub total: u64,
+}
+
+/// One worker in a window.
+#[derive(Debug, Serialize)]
+pub struct WorkerDocument {
+    /// cgroup v2 id (inode of its directory).
+    pub cgroup_id: u64,
+    /// Path under the cgroup2 mount; null when the cgroup is gone.
+    pub path: Option<String>,
+    /// CPU use.
+    pub cpu: CpuDocument,
+    /// Socket traffic.
+    pub net: NetDocument,
+}
+
+/// CPU use of a worker in a window.
+#[derive(Debug, Serialize)]
+pub struct CpuDocument {
+    /// On-CPU seconds, all CPUs (sched_switch accounting).
+    pub seconds: f64,
+    /// Average CPUs busy (seconds / window).
+    pub cores: f64,
+    /// On-CPU seconds per CPU, indexed by CPU number; sums to `seconds`.
+    pub per_cpu_seconds: Vec<f64>,
+    /// User-mode seconds from the cgroup's cpu.stat (null if not read).
+    pub user_seconds: Option<f64>,
+    /// Kernel-mode seconds from the cgroup's cpu.stat (null if not read).
+    pub system_seconds: Option<f64>,
+    /// Switches where a thread gave up the CPU (blocked or slept).
+    pub voluntary_switches: u64,
+    /// Switches where a thread was preempted while runnable.
+    pub involuntary_switches: u64,
+}
+
+/// Socket traffic of a worker in a window.
+#[derive(Debug, Serialize)]
+pub struct NetDocument {
+    /// Payload bytes sent, all families.
+    pub sent_bytes: u64,
+    /// Payload bytes received, all families.
+    pub received_bytes: u64,
+    /// Successful send calls.
+    pub sent_calls: u64,
+    /// Successful receive calls (MSG_PEEK excluded).
+    pub received_calls: u64,
+    /// Send rate.
+    pub sent_bytes_per_second: f64,
+    /// Receive rate.
+    pub received_bytes_per_second: f64,
+    /// The same per family: ipv4, ipv6, unix, other (families with no traffic are omitted).
+    pub families: BTreeMap<&'static str, FamilyDocument>,
+}
+
+/// Socket traffic of one family.
+#[derive(Debug, Serialize)]
+pub struct FamilyDocument {
+    /// Payload bytes sent.
+    pub sent_bytes: u64,
+    /// Payload bytes received.
+    pub received_bytes: u64,
+    /// Successful send calls.
+    pub sent_calls: u64,
+    /// Successful receive calls.
+    pub received_calls: u64,
+}
+
+fn seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+impl WorkerDocument {
+    /// The document of one worker's stats.
+    pub fn from_stats(worker: &WorkerStats) -> Self {
+        let families = worker
+            .net
+            .iter()
+            .zip(FAMILY_NAMES)
+            .filter(|(family, _)| family.sent_calls + family.received_calls > 0)
+            .map(|(family, name)| {
+                (
+                    name,
+                    FamilyDocument {
+                        sent_bytes: family.sent_bytes,
+                        received_bytes: family.received_bytes,
+                        sent_calls: family.sent_calls,
+                        received_calls: family.received_calls,
+                    },
+                )
+            })
+            .collect();
+        Self {
+            cgroup_id: worker.cgroup_id,
+            path: worker.path.clone(),
+            cpu: CpuDocument {
+                seconds: seconds(worker.cpu_ns()),
+                cores: worker.cpu_cores(),
+                per_cpu_seconds: worker
+                    .cpu_ns_per_cpu
+                    .iter()
+                    .map(|&ns| seconds(ns))
+                    .collect(),
+                user_seconds: worker.cpu_user_ns.map(seconds),
+                system_seconds: worker.cpu_system_ns.map(seconds),
+                voluntary_switches: worker.voluntary_switches,
+                involuntary_switches: worker.involuntary_switches,
+            },
+            net: NetDocument {
+                sent_bytes: worker.sent_bytes(),
+                received_bytes: worker.received_bytes(),
+                sent_calls: worker.sent_calls(),
+                received_calls: worker.received_calls(),
+                sent_bytes_per_second: worker.sent_bytes_per_second(),
+                received_bytes_per_second: worker.received_bytes_per_second(),
+                families,
+            },
+        }
+    }
+}
+
+impl SnapshotDocument {
+    /// The document of one interval: active workers, busiest first.
+    pub fn new(interval: &Interval, node: NodeFacts) -> Self {
+        let mut active: Vec<&WorkerStats> = interval.active_workers().collect();
+        active.sort_by(|a, b| {
+            b.cpu_ns()
+                .cmp(&a.cpu_ns())
+                .then(a.cgroup_id.cmp(&b.cgroup_id))
+        });
+        let start = interval.start.unwrap_or_else(|| {
+            interval.end.unwrap_or(crate::clock::Timestamp {
+                monotonic_ns: 0,
+                wall_unix_ns: 0,
+            })
+        });
+        let end = interval.end.unwrap_or(start);
+        let drops = DROP_NAMES
+            .iter()
+            .enumerate()
+            .map(|(slot, &name)| {
+                (
+                    name,
+                    DropCount {
+                        window: interval.drops.get(slot).copied().unwrap_or(0),
+                        total: interval.total_drops.get(slot).copied().unwrap_or(0),
+                    },
+                )
+            })
+            .collect();
+        Self {
+            schema_version: SCHEMA_VERSION,
+            window: Window {
+                start_monotonic_ns: start.monotonic_ns,
+                end_monotonic_ns: end.monotonic_ns,
+                start: start.rfc3339(),
+                end: end.rfc3339(),
+                duration_seconds: seconds(interval.duration_ns()),
+            },
+            node,
+            workers: active.into_iter().map(WorkerDocument::from_stats).collect(),
+            drops,
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! Sinks: turn an [`Interval`](crate::model::Interval) into something a person or a program
+//! reads. Sinks never reach back into collection.
+
+pub mod json;
+pub mod table;

@@ -1,0 +1,157 @@
+//! The plain-text worker table of `top` (also used when output is not a terminal).
+
+use std::fmt::Write as _;
+
+use crate::model::{Interval, WorkerStats};
+
+/// Longest worker path shown before it is shortened from the left.
+const PATH_WIDTH: usize = 40;
+
+/// Renders the table of active workers, busiest first, at most `limit` rows.
+pub fn render(interval: &Interval, limit: usize) -> String {
+    let mut active: Vec<&WorkerStats> = interval.active_workers().collect();
+    active.sort_by(|a, b| {
+        b.cpu_ns()
+            .cmp(&a.cpu_ns())
+            .then(a.cgroup_id.cmp(&b.cgroup_id))
+    });
+    let drops: u64 = interval.total_drops.iter().sum();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "workers active: {}   interval: {:.2}s   drops since start: {}",
+        active.len(),
+        interval.duration_ns() as f64 / 1e9,
+        drops
+    );
+    let _ = writeln!(
+        out,
+        "{:<PATH_WIDTH$} {:>6}  {:<16} {:>10} {:>10} {:>9} {:>9} {:>9}",
+        "WORKER", "CORES", "PER-CPU", "SEND/s", "RECV/s", "CPU-TOTAL", "SENT", "RECV"
+    );
+    for worker in active.iter().take(limit) {
+        let _ = writeln!(
+            out,
+            "{:<PATH_WIDTH$} {:>6.2}  {:<16} {:>10} {:>10} {:>9} {:>9} {:>9}",
+            shorten(&worker_label(worker), PATH_WIDTH),
+            worker.cpu_cores(),
+            per_cpu(worker),
+            format!("{}/s", bytes(worker.sent_bytes_per_second() as u64)),
+            format!("{}/s", bytes(worker.received_bytes_per_second() as u64)),
+            format!("{:.2}s", worker.total_cpu_ns as f64 / 1e9),
+            bytes(worker.total_sent_bytes),
+            bytes(worker.total_received_bytes),
+        );
+    }
+    if active.len() > limit {
+        let _ = writeln!(out, "… {} more", active.len() - limit);
+    }
+    out
+}
+
+/// The path of a worker, or its id once the cgroup is gone.
+pub fn worker_label(worker: &WorkerStats) -> String {
+    worker
+        .path
+        .clone()
+        .unwrap_or_else(|| format!("cgroup:{}", worker.cgroup_id))
+}
+
+/// Cores used on each CPU, e.g. `0.98 0.02`.
+fn per_cpu(worker: &WorkerStats) -> String {
+    worker
+        .cpu_cores_per_cpu()
+        .iter()
+        .map(|cores| format!("{cores:.2}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Keeps the end of a long path, where the worker's own name is.
+fn shorten(path: &str, width: usize) -> String {
+    let chars: Vec<char> = path.chars().collect();
+    if chars.len() <= width {
+        return path.to_string();
+    }
+    let tail: String = chars[chars.len() - (width - 1)..].iter().collect();
+    format!("…{tail}")
+}
+
+/// Bytes in IEC units with three significant digits.
+pub fn bytes(count: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = count as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{count}B")
+    } else if value < 10.0 {
+        format!("{value:.2}{}", UNITS[unit])
+    } else if value < 100.0 {
+        format!("{value:.1}{}", UNITS[unit])
+    } else {
+        format!("{value:.0}{}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Timestamp;
+
+    #[test]
+    fn formats_bytes() {
+        assert_eq!(bytes(0), "0B");
+        assert_eq!(bytes(1023), "1023B");
+        assert_eq!(bytes(1536), "1.50KiB");
+        assert_eq!(bytes(50 * 1024 * 1024), "50.0MiB");
+        assert_eq!(bytes(300 * 1024 * 1024 * 1024), "300GiB");
+    }
+
+    #[test]
+    fn shortens_from_the_left() {
+        assert_eq!(shorten("/a/b", 10), "/a/b");
+        assert_eq!(
+            shorten("/system.slice/worker-1.service", 12),
+            "…r-1.service"
+        );
+    }
+
+    #[test]
+    fn renders_busiest_first_with_per_cpu_split() {
+        let worker = |id, path: &str, cpu0, cpu1| WorkerStats {
+            cgroup_id: id,
+            path: Some(path.into()),
+            interval_ns: 1_000_000_000,
+            cpu_ns_per_cpu: vec![cpu0, cpu1],
+            ..WorkerStats::default()
+        };
+        let interval = Interval {
+            start: Some(Timestamp {
+                monotonic_ns: 0,
+                wall_unix_ns: 0,
+            }),
+            end: Some(Timestamp {
+                monotonic_ns: 1_000_000_000,
+                wall_unix_ns: 1_000_000_000,
+            }),
+            workers: vec![
+                worker(2, "/small", 100_000_000, 0),
+                worker(3, "/big", 900_000_000, 500_000_000),
+                worker(4, "/idle", 0, 0),
+            ],
+            drops: vec![0, 0],
+            total_drops: vec![0, 0],
+        };
+        let text = render(&interval, 10);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("workers active: 2"));
+        assert!(lines[2].starts_with("/big"));
+        assert!(lines[2].contains("1.40  0.90 0.50"));
+        assert!(lines[3].starts_with("/small"));
+        assert_eq!(lines.len(), 4);
+    }
+}

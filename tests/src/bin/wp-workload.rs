@@ -1,0 +1,208 @@
+//! Known work for the integration tests; each mode prints its own counts as one JSON line, so
+//! tests compare workerprobe against what the workload itself did.
+//!
+//! Modes:
+//! - `spin MS THREADS`: THREADS threads busy-loop for MS milliseconds of wall time.
+//! - `recv tcp|udp|unix ADDR DATAGRAMS`: bind ADDR (port 0 = any), print `{"addr":…}`, then
+//!   receive until EOF (stream) or DATAGRAMS datagrams / 2 s of silence (udp); stream modes
+//!   also MSG_PEEK before reading. Prints `{"received_bytes","received_calls","peeked_bytes"}`.
+//! - `send tcp|udp|unix ADDR TOTAL SIZES`: send TOTAL bytes in writes cycling through the
+//!   comma-separated SIZES, then try one send that must fail. Prints
+//!   `{"sent_bytes","sent_calls","failed_sends"}`.
+//! - `nap COUNT MS`: sleep COUNT times MS milliseconds.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream, UdpSocket},
+    os::{
+        fd::AsRawFd as _,
+        unix::net::{UnixListener, UnixStream},
+    },
+    time::{Duration, Instant},
+};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or_else(|| usage());
+    match arg(0) {
+        "spin" => spin(num(arg(1)), num(arg(2)) as usize),
+        "recv" => recv(arg(1), arg(2), num(arg(3))),
+        "send" => send(arg(1), arg(2), num(arg(3)), arg(4)),
+        "nap" => {
+            for _ in 0..num(arg(1)) {
+                std::thread::sleep(Duration::from_millis(num(arg(2))));
+            }
+        }
+        _ => usage(),
+    }
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: wp-workload spin MS THREADS | recv PROTO ADDR N | send PROTO ADDR TOTAL SIZES | nap COUNT MS"
+    );
+    std::process::exit(2)
+}
+
+fn num(text: &str) -> u64 {
+    text.parse().unwrap_or_else(|_| usage())
+}
+
+fn spin(ms: u64, threads: usize) {
+    let deadline = Instant::now() + Duration::from_millis(ms);
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while Instant::now() < deadline {
+                    for i in 0..10_000u64 {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+                    }
+                }
+                x
+            })
+        })
+        .collect();
+    for worker in workers {
+        let _ = worker.join();
+    }
+}
+
+fn peek(fd: i32, buf: &mut [u8]) -> u64 {
+    // SAFETY: buf is valid for buf.len() bytes.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK) };
+    n.max(0) as u64
+}
+
+fn recv(proto: &str, addr: &str, datagrams: u64) {
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut bytes, mut calls, mut peeked) = (0u64, 0u64, 0u64);
+    match proto {
+        "tcp" | "unix" => {
+            let mut stream: Box<dyn std::io::Read> = if proto == "tcp" {
+                let listener = TcpListener::bind(addr).expect("bind tcp");
+                announce(&listener.local_addr().expect("addr").to_string());
+                let (stream, _) = listener.accept().expect("accept");
+                peeked += peek(stream.as_raw_fd(), &mut buf[..4096]);
+                Box::new(stream)
+            } else {
+                let listener = UnixListener::bind(addr).expect("bind unix");
+                announce(addr);
+                let (stream, _) = listener.accept().expect("accept");
+                peeked += peek(stream.as_raw_fd(), &mut buf[..4096]);
+                Box::new(stream)
+            };
+            loop {
+                let n = stream.read(&mut buf).expect("read");
+                if n == 0 {
+                    break; // EOF: a zero-byte read is not counted by the kernel side either
+                }
+                bytes += n as u64;
+                calls += 1;
+            }
+        }
+        "udp" => {
+            let socket = UdpSocket::bind(addr).expect("bind udp");
+            set_rcvbuf(socket.as_raw_fd(), 8 << 20);
+            announce(&socket.local_addr().expect("addr").to_string());
+            socket
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            peeked += {
+                let mut waiting = true;
+                let mut got = 0;
+                while waiting {
+                    got = peek(socket.as_raw_fd(), &mut buf);
+                    waiting = got == 0;
+                }
+                got
+            };
+            while calls < datagrams {
+                match socket.recv(&mut buf) {
+                    Ok(n) => {
+                        bytes += n as u64;
+                        calls += 1;
+                    }
+                    Err(_) => break, // silence: the rest was dropped on the way
+                }
+            }
+        }
+        _ => usage(),
+    }
+    println!(r#"{{"received_bytes":{bytes},"received_calls":{calls},"peeked_bytes":{peeked}}}"#);
+}
+
+fn set_rcvbuf(fd: i32, bytes: i32) {
+    // SAFETY: passes a valid int to setsockopt.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&bytes as *const i32).cast(),
+            4,
+        )
+    };
+}
+
+fn announce(addr: &str) {
+    println!(r#"{{"addr":"{addr}"}}"#);
+    let _ = std::io::stdout().flush();
+}
+
+fn send(proto: &str, addr: &str, total: u64, sizes: &str) {
+    let sizes: Vec<usize> = sizes.split(',').map(|s| num(s) as usize).collect();
+    let payload = vec![7u8; *sizes.iter().max().unwrap_or_else(|| usage())];
+    let (mut bytes, mut calls) = (0u64, 0u64);
+    let mut write_all = |write: &mut dyn FnMut(&[u8]) -> std::io::Result<usize>| {
+        let mut next = 0;
+        while bytes < total {
+            let size = sizes[next % sizes.len()].min((total - bytes) as usize);
+            next += 1;
+            let n = write(&payload[..size]).expect("send");
+            bytes += n as u64;
+            calls += 1;
+        }
+    };
+    let failed = match proto {
+        "tcp" => {
+            let mut stream = TcpStream::connect(addr).expect("connect tcp");
+            write_all(&mut |buf| stream.write(buf));
+            stream
+                .shutdown(std::net::Shutdown::Write)
+                .expect("shutdown");
+            // A send after shutdown fails with EPIPE and must count nothing.
+            failing_send(stream.as_raw_fd())
+        }
+        "unix" => {
+            let mut stream = UnixStream::connect(addr).expect("connect unix");
+            write_all(&mut |buf| stream.write(buf));
+            stream
+                .shutdown(std::net::Shutdown::Write)
+                .expect("shutdown");
+            failing_send(stream.as_raw_fd())
+        }
+        "udp" => {
+            let socket = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+            socket.connect(addr).expect("connect udp");
+            write_all(&mut |buf| {
+                // Pace datagrams so the receiver's buffer never overflows.
+                std::thread::sleep(Duration::from_micros(20));
+                socket.send(buf)
+            });
+            // An unconnected socket with no address cannot send: EDESTADDRREQ.
+            let unconnected = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+            failing_send(unconnected.as_raw_fd())
+        }
+        _ => usage(),
+    };
+    println!(r#"{{"sent_bytes":{bytes},"sent_calls":{calls},"failed_sends":{failed}}}"#);
+}
+
+/// Makes one send that the kernel refuses; returns 1 if it failed as expected.
+fn failing_send(fd: i32) -> u64 {
+    let byte = [1u8];
+    // SAFETY: one valid byte; MSG_NOSIGNAL keeps EPIPE from raising SIGPIPE.
+    let n = unsafe { libc::send(fd, byte.as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
+    u64::from(n < 0)
+}

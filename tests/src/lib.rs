@@ -1,0 +1,150 @@
+//! Helpers for the integration tests: real cgroups under the cgroup2 mount, known workloads in
+//! child processes placed in them, and the kernel's own accounting to compare against.
+//!
+//! The tests need root. They never skip: without root they fail, saying so.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use workerprobe::{
+    cgroup::{self, CgroupIndex},
+    collect::KernelCollector,
+    loader::{self, LoadOptions},
+    model::{CpuStatUsec, Sample, WorkerCounters},
+};
+
+/// Panics with a clear message unless the tests run as root.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "the integration tests load eBPF programs and make cgroups: run them as root (`sudo -E cargo xtask test`)"
+    );
+}
+
+/// Loads and attaches the programs and returns a collector that reads cpu.stat too.
+pub fn collector() -> KernelCollector {
+    require_root();
+    let mount = cgroup::find_cgroup2_mount().expect("find cgroup2 mount");
+    let probe = loader::load_and_attach(&LoadOptions::default()).expect("load and attach probe");
+    KernelCollector::new(probe, CgroupIndex::new(mount), true).expect("collector")
+}
+
+/// A cgroup made for one test, removed (after its processes are gone) on drop.
+pub struct TestCgroup {
+    /// Directory under the cgroup2 mount.
+    pub dir: PathBuf,
+    /// cgroup v2 id.
+    pub id: u64,
+}
+
+impl TestCgroup {
+    /// Makes `<cgroup2>/workerprobe-test-<pid>-<name>`.
+    pub fn new(name: &str) -> Self {
+        require_root();
+        let mount = cgroup::find_cgroup2_mount().expect("find cgroup2 mount");
+        let dir = mount.join(format!("workerprobe-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap_or_else(|err| panic!("mkdir {}: {err}", dir.display()));
+        let id = cgroup::cgroup_id(&dir).expect("cgroup id");
+        Self { dir, id }
+    }
+
+    /// The kernel's own CPU accounting of this cgroup.
+    pub fn cpu_stat(&self) -> CpuStatUsec {
+        cgroup::read_cpu_stat(&self.dir)
+            .unwrap_or_else(|| panic!("read {}/cpu.stat", self.dir.display()))
+    }
+
+    /// Starts the workload with `args` in this cgroup, stdout piped.
+    pub fn spawn_workload(&self, args: &[&str]) -> Child {
+        let mut command = Command::new(workload_path());
+        command.args(args).stdout(Stdio::piped());
+        cgroup::spawn_in_cgroup(&mut command, &self.dir).unwrap_or_else(|err| {
+            panic!(
+                "spawn wp-workload {args:?} in {}: {err}",
+                self.dir.display()
+            )
+        })
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Processes may take a moment to leave after exit.
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Path of the workload binary; cargo builds it for this crate's integration tests.
+pub fn workload_path() -> PathBuf {
+    built_binary("wp-workload")
+}
+
+/// Path of the `workerprobe` binary; cargo builds it as a dependency's binary next to the
+/// test executables.
+pub fn workerprobe_path() -> PathBuf {
+    built_binary("workerprobe")
+}
+
+/// `target/<profile>/<name>`, found from the running test executable in `target/<profile>/deps`.
+fn built_binary(name: &str) -> PathBuf {
+    let test_exe = std::env::current_exe().expect("current exe");
+    let dir = test_exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir");
+    let binary = dir.join(name);
+    assert!(
+        binary.exists(),
+        "{} is missing: build the workspace first (`cargo xtask test` does)",
+        binary.display()
+    );
+    binary
+}
+
+/// Waits for a workload and parses the JSON line it printed last.
+pub fn wait_json(child: Child) -> serde_json::Value {
+    let output = child.wait_with_output().expect("wait for workload");
+    assert!(
+        output.status.success(),
+        "workload failed: {:?}",
+        output.status
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    let last = text.lines().last().expect("workload printed nothing");
+    serde_json::from_str(last).unwrap_or_else(|err| panic!("workload printed {last:?}: {err}"))
+}
+
+/// Reads the first line a workload printed (e.g. its bound address).
+pub fn read_first_json_line(child: &mut Child) -> serde_json::Value {
+    use std::io::BufRead as _;
+    let stdout = child.stdout.as_mut().expect("piped stdout");
+    let mut line = String::new();
+    // One byte at a time so nothing after the line is taken from the pipe.
+    let mut reader = std::io::BufReader::with_capacity(1, stdout);
+    reader.read_line(&mut line).expect("read workload line");
+    serde_json::from_str(line.trim())
+        .unwrap_or_else(|err| panic!("workload printed {line:?}: {err}"))
+}
+
+/// A worker's counters in a sample, or all zeros if it never appeared.
+pub fn counters(sample: &Sample, id: u64) -> WorkerCounters {
+    sample.workers.get(&id).cloned().unwrap_or_default()
+}
+
+/// A JSON number as u64.
+pub fn field(value: &serde_json::Value, name: &str) -> u64 {
+    value[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{name} missing in {value}"))
+}

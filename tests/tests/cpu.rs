@@ -1,0 +1,131 @@
+//! On-CPU time per cgroup against the kernel's own `cpu.stat`.
+
+use workerprobe::collect::Source as _;
+use workerprobe_tests::{TestCgroup, collector, counters};
+
+/// Relative difference of `ours` from `kernel`.
+fn error(ours: u64, kernel: u64) -> f64 {
+    (ours as f64 - kernel as f64).abs() / kernel as f64
+}
+
+#[test]
+fn cpu_time_matches_cpu_stat_per_cgroup() {
+    let mut collector = collector();
+    let a = TestCgroup::new("cpu-a");
+    let b = TestCgroup::new("cpu-b");
+    let before = collector.sample().expect("sample");
+    let (a_before, b_before) = (a.cpu_stat(), b.cpu_stat());
+
+    let one_thread = a.spawn_workload(&["spin", "1000", "1"]);
+    let two_threads = b.spawn_workload(&["spin", "1000", "2"]);
+    assert!(
+        one_thread
+            .wait_with_output()
+            .expect("wait")
+            .status
+            .success()
+    );
+    assert!(
+        two_threads
+            .wait_with_output()
+            .expect("wait")
+            .status
+            .success()
+    );
+
+    let after = collector.sample().expect("sample");
+    let a_kernel_ns = (a.cpu_stat().usage_usec - a_before.usage_usec) * 1_000;
+    let b_kernel_ns = (b.cpu_stat().usage_usec - b_before.usage_usec) * 1_000;
+    let a_ours = counters(&after, a.id).on_cpu_ns() - counters(&before, a.id).on_cpu_ns();
+    let b_ours = counters(&after, b.id).on_cpu_ns() - counters(&before, b.id).on_cpu_ns();
+    eprintln!(
+        "A: ours {a_ours} ns, cpu.stat {a_kernel_ns} ns; B: ours {b_ours} ns, cpu.stat {b_kernel_ns} ns"
+    );
+
+    // The work is real: a one-second spin on a 2-CPU machine uses most of a second.
+    assert!(a_kernel_ns > 500_000_000, "A barely ran: {a_kernel_ns} ns");
+    assert!(
+        b_kernel_ns > a_kernel_ns,
+        "B's two threads ran less than A's one"
+    );
+    assert!(error(a_ours, a_kernel_ns) < 0.01, "A off by more than 1%");
+    assert!(error(b_ours, b_kernel_ns) < 0.01, "B off by more than 1%");
+}
+
+#[test]
+fn per_cpu_values_sum_to_total_and_workers_do_not_mix() {
+    let mut collector = collector();
+    let busy = TestCgroup::new("mix-busy");
+    let idle = TestCgroup::new("mix-idle");
+    let before = collector.sample().expect("sample");
+    let spinner = busy.spawn_workload(&["spin", "300", "2"]);
+    let napper = idle.spawn_workload(&["nap", "3", "100"]);
+    assert!(spinner.wait_with_output().expect("wait").status.success());
+    assert!(napper.wait_with_output().expect("wait").status.success());
+    let after = collector.sample().expect("sample");
+
+    let interval = workerprobe::model::diff(Some(&before), &after);
+    let busy_stats = interval
+        .workers
+        .iter()
+        .find(|w| w.cgroup_id == busy.id)
+        .expect("busy worker seen");
+    let per_cpu_sum: u64 = busy_stats.cpu_ns_per_cpu.iter().sum();
+    assert_eq!(per_cpu_sum, busy_stats.cpu_ns());
+    assert_eq!(busy_stats.cpu_ns_per_cpu.len(), aya_cpus());
+
+    let idle_stats = interval
+        .workers
+        .iter()
+        .find(|w| w.cgroup_id == idle.id)
+        .expect("idle worker seen");
+    // Three naps of 100 ms: a few ms of CPU at most, and 3 voluntary switches at least.
+    let idle_kernel_ns = idle.cpu_stat().usage_usec * 1_000;
+    assert!(
+        idle_stats.cpu_ns() < 50_000_000,
+        "napper charged {} ns",
+        idle_stats.cpu_ns()
+    );
+    assert!((idle_stats.cpu_ns() as f64 - idle_kernel_ns as f64).abs() < 2_000_000.0);
+    assert!(idle_stats.voluntary_switches >= 3);
+    assert!(
+        busy_stats.cpu_ns() > 400_000_000,
+        "spinner charged {} ns",
+        busy_stats.cpu_ns()
+    );
+}
+
+fn aya_cpus() -> usize {
+    let possible =
+        std::fs::read_to_string("/sys/devices/system/cpu/possible").expect("possible cpus");
+    let last = possible
+        .trim()
+        .rsplit(['-', ','])
+        .next()
+        .expect("cpu range");
+    last.parse::<usize>().expect("cpu number") + 1
+}
+
+#[test]
+fn a_thread_that_never_leaves_its_cpu_is_counted_while_it_runs() {
+    let spinner = TestCgroup::new("cpu-live");
+    let mut child = spinner.spawn_workload(&["spin", "3000", "1"]);
+    // Attach while the spinner already runs: its slice began before the programs existed.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut collector = collector();
+    let before = collector.sample().expect("sample");
+    let kernel_before = spinner.cpu_stat();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let after = collector.sample().expect("sample");
+    let kernel_after = spinner.cpu_stat();
+    let ours = counters(&after, spinner.id).on_cpu_ns() - counters(&before, spinner.id).on_cpu_ns();
+    let kernel = (kernel_after.usage_usec - kernel_before.usage_usec) * 1_000;
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!("live spinner: ours {ours} ns, cpu.stat {kernel} ns");
+    assert!(kernel > 500_000_000, "the spinner barely ran: {kernel} ns");
+    assert!(
+        error(ours, kernel) < 0.01,
+        "live spinner off by more than 1%"
+    );
+}

@@ -1,0 +1,136 @@
+//! Socket bytes and calls per cgroup against the workloads' own counts.
+
+use workerprobe::{collect::Source as _, model::Sample};
+use workerprobe_tests::{TestCgroup, collector, counters, field, read_first_json_line, wait_json};
+
+/// Per-family counters of a worker between two samples: (sent bytes, sent calls, received
+/// bytes, received calls).
+fn traffic(before: &Sample, after: &Sample, id: u64, family: usize) -> (u64, u64, u64, u64) {
+    let b = counters(before, id).net.families[family];
+    let a = counters(after, id).net.families[family];
+    (
+        a.sent_bytes - b.sent_bytes,
+        a.sent_calls - b.sent_calls,
+        a.received_bytes - b.received_bytes,
+        a.received_calls - b.received_calls,
+    )
+}
+
+/// Runs a receiver in one cgroup and a sender in another, and checks each side's counters
+/// against what the workloads counted themselves.
+fn exchange(proto: &str, listen: &str, total: u64, sizes: &str, family: usize) {
+    let mut collector = collector();
+    let sender = TestCgroup::new(&format!("{proto}-send"));
+    let receiver = TestCgroup::new(&format!("{proto}-recv"));
+    let before = collector.sample().expect("sample");
+
+    let datagrams = {
+        let sizes: Vec<u64> = sizes.split(',').map(|s| s.parse().expect("size")).collect();
+        let (mut n, mut sent, mut i) = (0u64, 0u64, 0usize);
+        while sent < total {
+            sent += sizes[i % sizes.len()].min(total - sent);
+            n += 1;
+            i += 1;
+        }
+        n
+    };
+    let mut recv = receiver.spawn_workload(&["recv", proto, listen, &datagrams.to_string()]);
+    let addr = read_first_json_line(&mut recv)["addr"]
+        .as_str()
+        .expect("receiver address")
+        .to_string();
+    let send = sender.spawn_workload(&["send", proto, &addr, &total.to_string(), sizes]);
+    let sent = wait_json(send);
+    let received = wait_json(recv);
+    let after = collector.sample().expect("sample");
+
+    let (sent_bytes, sent_calls, sender_rx, _) = traffic(&before, &after, sender.id, family);
+    let (receiver_tx, _, received_bytes, received_calls) =
+        traffic(&before, &after, receiver.id, family);
+    eprintln!(
+        "{proto}: workload sent {sent} received {received}; ours sent {sent_bytes}/{sent_calls} received {received_bytes}/{received_calls}"
+    );
+
+    assert_eq!(
+        field(&sent, "failed_sends"),
+        1,
+        "the failing send did not fail"
+    );
+    assert_eq!(sent_bytes, field(&sent, "sent_bytes"), "sent bytes");
+    assert_eq!(
+        sent_calls,
+        field(&sent, "sent_calls"),
+        "sent calls (the failed send must not count)"
+    );
+    assert_eq!(
+        received_bytes,
+        field(&received, "received_bytes"),
+        "received bytes"
+    );
+    assert_eq!(
+        received_calls,
+        field(&received, "received_calls"),
+        "received calls (MSG_PEEK must not count)"
+    );
+    assert!(
+        field(&received, "peeked_bytes") > 0,
+        "the receiver did not peek"
+    );
+    assert_eq!(sender_rx, 0, "the sender received nothing");
+    assert_eq!(receiver_tx, 0, "the receiver sent nothing");
+    // Nothing leaked into another family.
+    for other in 0..probe_common::net::FAMILY_COUNT {
+        if other != family {
+            assert_eq!(traffic(&before, &after, sender.id, other), (0, 0, 0, 0));
+            assert_eq!(traffic(&before, &after, receiver.id, other), (0, 0, 0, 0));
+        }
+    }
+}
+
+#[test]
+fn tcp_bytes_are_exact() {
+    // 64 MiB in writes of several sizes.
+    exchange(
+        "tcp",
+        "127.0.0.1:0",
+        64 << 20,
+        "1,100,1448,4096,65536,1000000",
+        probe_common::net::FAMILY_IPV4,
+    );
+}
+
+#[test]
+fn tcp6_bytes_are_exact() {
+    exchange(
+        "tcp",
+        "[::1]:0",
+        8 << 20,
+        "512,65536",
+        probe_common::net::FAMILY_IPV6,
+    );
+}
+
+#[test]
+fn udp_datagrams_are_exact() {
+    exchange(
+        "udp",
+        "127.0.0.1:0",
+        2 << 20,
+        "64,1200,8192,60000",
+        probe_common::net::FAMILY_IPV4,
+    );
+}
+
+#[test]
+fn unix_stream_bytes_are_exact() {
+    let path = std::env::temp_dir().join(format!("wp-test-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    exchange(
+        "unix",
+        path.to_str().expect("utf-8 path"),
+        16 << 20,
+        "10,4096,212992",
+        probe_common::net::FAMILY_UNIX,
+    );
+    let _ = std::fs::remove_file(&path);
+}
