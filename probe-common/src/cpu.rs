@@ -5,11 +5,6 @@ pub const CPU_STATS_MAP: &str = "CPU_STATS";
 
 /// Name of the per-CPU array (one slot) describing each CPU's last switch: [`LastSwitch`].
 pub const LAST_SWITCH_MAP: &str = "LAST_SWITCH";
-/// Read-only global: offset of `se.sum_exec_runtime` in `struct task_struct`, resolved from
-/// the kernel's BTF at load time.
-pub const TASK_SUM_EXEC_RUNTIME_OFFSET_GLOBAL: &str = "TASK_SUM_EXEC_RUNTIME_OFFSET";
-/// Read-only global: offset of `pid` (the thread id) in `struct task_struct`.
-pub const TASK_PID_OFFSET_GLOBAL: &str = "TASK_PID_OFFSET";
 
 /// A CPU's last context switch: what is running there now, and since when.
 ///
@@ -18,10 +13,11 @@ pub const TASK_PID_OFFSET_GLOBAL: &str = "TASK_PID_OFFSET";
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LastSwitch {
-    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) at the switch; 0 before the first one.
-    pub at_ns: u64,
-    /// The incoming thread's `se.sum_exec_runtime` at the switch.
-    pub next_sum_exec_runtime_ns: u64,
+    /// The incoming task's `struct task_struct` address, an opaque key.
+    pub next_task: u64,
+    /// How much of the incoming thread's `se.sum_exec_runtime` is already in the maps: its
+    /// running slice is its runtime now minus this.
+    pub next_accounted_runtime_ns: u64,
     /// Switches seen on this CPU: tells a reader whether the record changed under it.
     pub switch_count: u64,
     /// The incoming thread's id (0: the CPU went idle).

@@ -7,7 +7,9 @@ pub const DROPS_MAP: &str = "DROPS";
 pub const DROP_CPU_STATS: u32 = 0;
 /// A `NET_STATS` insert failed (map full): that call's bytes are lost.
 pub const DROP_NET_STATS: u32 = 1;
+/// A task's local storage could not be made or was busy: that task's slice or delay is lost.
+pub const DROP_TASK_STATE: u32 = 2;
 /// Number of drop slots (room for the programs to come).
 pub const DROP_SLOTS: u32 = 8;
 /// Names of the used slots, in order, as reported to users.
-pub const DROP_NAMES: [&str; 2] = ["cpu_stats", "net_stats"];
+pub const DROP_NAMES: [&str; 3] = ["cpu_stats", "net_stats", "task_state"];

@@ -10,6 +10,7 @@
 
 mod net;
 mod sched;
+mod task;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

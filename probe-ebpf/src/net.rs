@@ -6,7 +6,7 @@
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_current_cgroup_id, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_task_btf, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map},
     maps::PerCpuHashMap,
     programs::BtfTracePointContext,
@@ -17,18 +17,19 @@ use probe_common::{
     net::{MSG_PEEK, NetStats, family_slot},
 };
 
-use crate::sched::count_drop;
+use crate::{
+    sched::{BPF_F_NO_PREALLOC, BPF_NOEXIST, count_drop},
+    task,
+};
 
 /// cgroup id → its socket traffic on this CPU.
 #[map]
 static NET_STATS: PerCpuHashMap<u64, NetStats> =
-    PerCpuHashMap::with_max_entries(DEFAULT_MAX_WORKERS, 0);
+    PerCpuHashMap::with_max_entries(DEFAULT_MAX_WORKERS, BPF_F_NO_PREALLOC);
 
 /// `offsetof(struct sock, __sk_common.skc_family)`, set by the loader from the kernel's BTF.
 #[unsafe(no_mangle)]
 static SOCK_FAMILY_OFFSET: Global<u32> = Global::new(16);
-
-const BPF_NOEXIST: u64 = 1;
 
 /// `sock_send_length(struct sock *sk, int ret, int flags)`.
 #[btf_tracepoint(function = "sock_send_length")]
@@ -60,7 +61,8 @@ fn account(sock: *const u8, bytes: u64, sent: bool) {
     let family: u16 =
         unsafe { bpf_probe_read_kernel(sock.wrapping_add(offset) as *const u16) }.unwrap_or(0);
     let slot = family_slot(family);
-    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    // SAFETY: the helper returns the current task, a BTF pointer.
+    let cgroup_id = task::cgroup_id(unsafe { bpf_get_current_task_btf() } as task::Task);
     if let Some(stats) = NET_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: per-CPU value of this CPU; no other writer while we run.
         unsafe { add(&mut *stats, slot, bytes, sent) };

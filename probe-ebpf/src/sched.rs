@@ -1,12 +1,10 @@
 //! `tp_btf/sched_switch`: on-CPU time and context switches per cgroup.
 //!
-//! At a switch the tracepoint runs in the context of `prev` (current is still `prev`), so
-//! `bpf_get_current_cgroup_id` names the cgroup whose thread just ran; the time since the
-//! previous switch on this CPU is its on-CPU slice.
+//! A slice is what the kernel charged the outgoing task (`se.sum_exec_runtime`) since we last
+//! accounted for it, so the figures agree with `cpu.stat` and do not depend on seeing every
+//! switch (some kernels hide a few tasks' switches from tracing).
 
 use aya_ebpf::{
-    Global,
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map},
     maps::{PerCpuArray, PerCpuHashMap},
     programs::BtfTracePointContext,
@@ -14,15 +12,17 @@ use aya_ebpf::{
 use probe_common::{
     DEFAULT_MAX_WORKERS,
     cpu::{CpuStats, LastSwitch},
-    drops::{DROP_CPU_STATS, DROP_SLOTS},
+    drops::{DROP_CPU_STATS, DROP_SLOTS, DROP_TASK_STATE},
 };
 
-/// cgroup id → what its threads did on this CPU.
+use crate::task::{self, Task};
+
+/// cgroup id → what its threads did on this CPU. Allocated per worker, not up front.
 #[map]
 static CPU_STATS: PerCpuHashMap<u64, CpuStats> =
-    PerCpuHashMap::with_max_entries(DEFAULT_MAX_WORKERS, 0);
+    PerCpuHashMap::with_max_entries(DEFAULT_MAX_WORKERS, BPF_F_NO_PREALLOC);
 
-/// Slot 0: this CPU's last switch (all zero before the first one).
+/// Slot 0: this CPU's last switch, read by user space to add the slice still running.
 #[map]
 static LAST_SWITCH: PerCpuArray<LastSwitch> = PerCpuArray::with_max_entries(1, 0);
 
@@ -30,18 +30,10 @@ static LAST_SWITCH: PerCpuArray<LastSwitch> = PerCpuArray::with_max_entries(1, 0
 #[map]
 pub(crate) static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_SLOTS, 0);
 
-/// `offsetof(struct task_struct, se.sum_exec_runtime)`, set by the loader from the kernel's BTF.
-#[unsafe(no_mangle)]
-static TASK_SUM_EXEC_RUNTIME_OFFSET: Global<u32> = Global::new(0);
-/// `offsetof(struct task_struct, pid)`, set by the loader.
-#[unsafe(no_mangle)]
-static TASK_PID_OFFSET: Global<u32> = Global::new(0);
-
-/// The scheduler starts charging a task when it picks it, a little before the tracepoint.
-const MAX_PICK_LEAD_NS: u64 = 1_000_000;
-
 /// `BPF_NOEXIST`: insert only if the key is absent.
-const BPF_NOEXIST: u64 = 1;
+pub(crate) const BPF_NOEXIST: u64 = 1;
+/// `BPF_F_NO_PREALLOC`: allocate entries on insert.
+pub(crate) const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Adds one to a drop counter.
 #[inline(always)]
@@ -56,56 +48,61 @@ pub(crate) fn count_drop(slot: u32) {
 /// unsigned int prev_state)`.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
-    let now_ns = unsafe { bpf_ktime_get_ns() };
-    let Some(last) = LAST_SWITCH.get_ptr_mut(0) else {
-        return 0;
-    };
-    let prev: *const u8 = ctx.arg(1);
-    let next: *const u8 = ctx.arg(2);
-    // The scheduler charged prev's runtime (sum_exec_runtime) just before this tracepoint, and
-    // next's is current since it was not running. The offset comes from the kernel's BTF.
-    let sum_offset = TASK_SUM_EXEC_RUNTIME_OFFSET.load() as usize;
-    // SAFETY: prev and next are the tracepoint's task pointers (PTR_TO_BTF_ID); the verifier
-    // checks each load against the kernel's BTF.
-    let (prev_sum_ns, next_sum_ns, next_tid) = unsafe {
-        (
-            core::ptr::read_volatile(prev.add(sum_offset) as *const u64),
-            core::ptr::read_volatile(next.add(sum_offset) as *const u64),
-            core::ptr::read_volatile(next.add(TASK_PID_OFFSET.load() as usize) as *const u32),
-        )
-    };
-    // SAFETY: per-CPU slot; preemption is off inside the tracepoint.
-    let since = unsafe { *last };
-    unsafe {
-        *last = LastSwitch {
-            at_ns: now_ns,
-            next_sum_exec_runtime_ns: next_sum_ns,
-            switch_count: since.switch_count + 1,
-            next_tid,
-            reserved: 0,
+    let prev: Task = ctx.arg(1);
+    let next: Task = ctx.arg(2);
+
+    // The incoming task: remember where its accounting stands, for user space's view of the
+    // running slice. A task seen for the first time starts its account now.
+    let next_accounted_ns = match task::state(next) {
+        Some(state) => {
+            if state.flags & task::SEEN == 0 {
+                state.accounted_runtime_ns = task::sum_exec_runtime_ns(next);
+                state.flags |= task::SEEN;
+            }
+            state.accounted_runtime_ns
+        }
+        None => {
+            count_drop(DROP_TASK_STATE);
+            task::sum_exec_runtime_ns(next)
         }
     };
-    // The first switch seen on a CPU has no start; the idle task (pid 0) is node idle.
-    if since.at_ns == 0 || bpf_get_current_pid_tgid() as u32 == 0 {
+    if let Some(last) = LAST_SWITCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot; preemption is off inside the tracepoint.
+        unsafe {
+            *last = LastSwitch {
+                next_task: next as u64,
+                next_accounted_runtime_ns: next_accounted_ns,
+                switch_count: (*last).switch_count + 1,
+                next_tid: task::tid(next),
+                reserved: 0,
+            }
+        };
+    }
+
+    // The outgoing task. The idle task (tid 0) is node idle, not a worker.
+    if task::tid(prev) == 0 {
         return 0;
     }
-    // prev is the task that was `next` at this CPU's previous switch: what the kernel charged
-    // it since then is its slice, exactly as cpu.stat counts it (stolen time left out). A
-    // figure beyond the wall-clock slice means a baseline we cannot trust (a CPU that went
-    // offline in between): use the wall-clock slice.
-    let wall_slice_ns = now_ns - since.at_ns;
-    let run_ns = prev_sum_ns.wrapping_sub(since.next_sum_exec_runtime_ns);
-    let slice_ns = if run_ns <= wall_slice_ns + MAX_PICK_LEAD_NS {
-        run_ns
-    } else {
-        wall_slice_ns
+    let Some(state) = task::state(prev) else {
+        count_drop(DROP_TASK_STATE);
+        return 0;
     };
+    // The scheduler charged prev's runtime just before this tracepoint.
+    let runtime_ns = task::sum_exec_runtime_ns(prev);
+    if state.flags & task::SEEN == 0 {
+        // First sight (it was running when we attached): its account starts now.
+        state.accounted_runtime_ns = runtime_ns;
+        state.flags |= task::SEEN;
+        return 0;
+    }
+    let slice_ns = runtime_ns.saturating_sub(state.accounted_runtime_ns);
+    state.accounted_runtime_ns = runtime_ns;
+
     let preempt: u64 = ctx.arg(0);
     let prev_state: u64 = ctx.arg(3);
     // As the kernel counts nvcsw: a switch is voluntary when the thread left the run queue.
     let voluntary = (preempt & 1) == 0 && (prev_state & 0xffff_ffff) != 0;
-    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-
+    let cgroup_id = task::cgroup_id(prev);
     if let Some(stats) = CPU_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: per-CPU value of this CPU; no other writer while we run.
         unsafe { add_slice(&mut *stats, slice_ns, voluntary) };

@@ -167,7 +167,7 @@ impl KernelCollector {
             }
             let mut running = Vec::new();
             for (cpu, record) in before.iter().enumerate() {
-                if record.at_ns == 0 || record.next_tid == 0 {
+                if record.switch_count == 0 || record.next_tid == 0 {
                     continue; // no switch seen yet, or idle
                 }
                 let tid = record.next_tid;
@@ -177,7 +177,7 @@ impl KernelCollector {
                 ) else {
                     continue; // the thread is gone
                 };
-                if let Some(slice_ns) = runtime_ns.checked_sub(record.next_sum_exec_runtime_ns) {
+                if let Some(slice_ns) = runtime_ns.checked_sub(record.next_accounted_runtime_ns) {
                     running.push(RunningSlice {
                         cpu,
                         slice_ns,

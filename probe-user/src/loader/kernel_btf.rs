@@ -5,6 +5,7 @@
 
 use anyhow::{Context as _, anyhow, bail};
 use btf_rs::{Btf, Type};
+use probe_common::task::TaskOffsets;
 
 /// Where the kernel's BTF lives.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -14,14 +15,16 @@ pub fn sock_family_offset(btf: &Btf) -> anyhow::Result<u32> {
     member_offset(btf, "sock", &["__sk_common", "skc_family"])
 }
 
-/// Byte offset of `se.sum_exec_runtime` in `struct task_struct`.
-pub fn task_sum_exec_runtime_offset(btf: &Btf) -> anyhow::Result<u32> {
-    member_offset(btf, "task_struct", &["se", "sum_exec_runtime"])
-}
-
-/// Byte offset of `pid` (the thread id) in `struct task_struct`.
-pub fn task_pid_offset(btf: &Btf) -> anyhow::Result<u32> {
-    member_offset(btf, "task_struct", &["pid"])
+/// Offsets of the task, css_set, cgroup and kernfs_node fields the programs read.
+pub fn task_offsets(btf: &Btf) -> anyhow::Result<TaskOffsets> {
+    Ok(TaskOffsets {
+        sum_exec_runtime: member_offset(btf, "task_struct", &["se", "sum_exec_runtime"])?,
+        pid: member_offset(btf, "task_struct", &["pid"])?,
+        cgroups: member_offset(btf, "task_struct", &["cgroups"])?,
+        css_set_dfl_cgrp: member_offset(btf, "css_set", &["dfl_cgrp"])?,
+        cgroup_kn: member_offset(btf, "cgroup", &["kn"])?,
+        kernfs_node_id: member_offset(btf, "kernfs_node", &["id"])?,
+    })
 }
 
 /// Byte offset of a member reached through `path` from the start of struct `struct_name`,

@@ -8,8 +8,11 @@ use std::path::Path;
 use anyhow::Context as _;
 use aya::{Btf, Ebpf, EbpfLoader, programs::BtfTracePoint};
 use probe_common::{
-    cpu::{TASK_PID_OFFSET_GLOBAL, TASK_SUM_EXEC_RUNTIME_OFFSET_GLOBAL},
     net::SOCK_FAMILY_OFFSET_GLOBAL,
+    task::{
+        CGROUP_KN_OFFSET_GLOBAL, CGROUPS_OFFSET_GLOBAL, CSS_SET_DFL_CGRP_OFFSET_GLOBAL,
+        KERNFS_NODE_ID_OFFSET_GLOBAL, PID_OFFSET_GLOBAL, SUM_EXEC_RUNTIME_OFFSET_GLOBAL,
+    },
 };
 
 use crate::error::UserError;
@@ -47,23 +50,27 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
     if !Path::new(kernel_btf::VMLINUX_BTF).exists() {
         return Err(UserError::NoKernelBtf.into());
     }
-    let (family_offset, sum_exec_offset, pid_offset) = {
+    let (family_offset, task) = {
         let btf =
             btf_rs::Btf::from_file(kernel_btf::VMLINUX_BTF).map_err(|_| UserError::NoKernelBtf)?;
         (
             kernel_btf::sock_family_offset(&btf).context("locating struct sock's family field")?,
-            kernel_btf::task_sum_exec_runtime_offset(&btf)
-                .context("locating task_struct's se.sum_exec_runtime")?,
-            kernel_btf::task_pid_offset(&btf).context("locating task_struct's pid")?,
+            kernel_btf::task_offsets(&btf).context("locating task_struct's fields")?,
         )
     };
     let btf = Btf::from_sys_fs().map_err(|_| UserError::NoKernelBtf)?;
 
     let mut ebpf = EbpfLoader::new()
         .btf(Some(&btf))
+        // The task storage map: the kernel knows it, aya 0.14 does not.
+        .allow_unsupported_maps()
         .override_global(SOCK_FAMILY_OFFSET_GLOBAL, &family_offset, true)
-        .override_global(TASK_SUM_EXEC_RUNTIME_OFFSET_GLOBAL, &sum_exec_offset, true)
-        .override_global(TASK_PID_OFFSET_GLOBAL, &pid_offset, true)
+        .override_global(SUM_EXEC_RUNTIME_OFFSET_GLOBAL, &task.sum_exec_runtime, true)
+        .override_global(PID_OFFSET_GLOBAL, &task.pid, true)
+        .override_global(CGROUPS_OFFSET_GLOBAL, &task.cgroups, true)
+        .override_global(CSS_SET_DFL_CGRP_OFFSET_GLOBAL, &task.css_set_dfl_cgrp, true)
+        .override_global(CGROUP_KN_OFFSET_GLOBAL, &task.cgroup_kn, true)
+        .override_global(KERNFS_NODE_ID_OFFSET_GLOBAL, &task.kernfs_node_id, true)
         .map_max_entries(probe_common::cpu::CPU_STATS_MAP, options.max_workers)
         .map_max_entries(probe_common::net::NET_STATS_MAP, options.max_workers)
         .load(EBPF_OBJECT)

@@ -1,0 +1,32 @@
+//! Offsets of the few `struct task_struct` fields the programs read, resolved from the
+//! kernel's BTF at load time and passed as read-only globals (Rust eBPF has no CO-RE).
+
+/// Global: `offsetof(struct task_struct, se.sum_exec_runtime)`.
+pub const SUM_EXEC_RUNTIME_OFFSET_GLOBAL: &str = "TASK_SUM_EXEC_RUNTIME_OFFSET";
+/// Global: `offsetof(struct task_struct, pid)` (the thread id).
+pub const PID_OFFSET_GLOBAL: &str = "TASK_PID_OFFSET";
+/// Global: `offsetof(struct task_struct, cgroups)`.
+pub const CGROUPS_OFFSET_GLOBAL: &str = "TASK_CGROUPS_OFFSET";
+/// Global: `offsetof(struct css_set, dfl_cgrp)`.
+pub const CSS_SET_DFL_CGRP_OFFSET_GLOBAL: &str = "CSS_SET_DFL_CGRP_OFFSET";
+/// Global: `offsetof(struct cgroup, kn)`.
+pub const CGROUP_KN_OFFSET_GLOBAL: &str = "CGROUP_KN_OFFSET";
+/// Global: `offsetof(struct kernfs_node, id)`.
+pub const KERNFS_NODE_ID_OFFSET_GLOBAL: &str = "KERNFS_NODE_ID_OFFSET";
+
+/// The offsets, in the order the loader resolves them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskOffsets {
+    /// `task_struct.se.sum_exec_runtime`.
+    pub sum_exec_runtime: u32,
+    /// `task_struct.pid`.
+    pub pid: u32,
+    /// `task_struct.cgroups`.
+    pub cgroups: u32,
+    /// `css_set.dfl_cgrp`.
+    pub css_set_dfl_cgrp: u32,
+    /// `cgroup.kn`.
+    pub cgroup_kn: u32,
+    /// `kernfs_node.id`.
+    pub kernfs_node_id: u32,
+}
