@@ -33,7 +33,7 @@ static SOCK_FAMILY_OFFSET: Global<u32> = Global::new(16);
 
 /// `sock_send_length(struct sock *sk, int ret, int flags)`.
 #[btf_tracepoint(function = "sock_send_length")]
-pub fn sock_send_length(ctx: BtfTracePointContext) -> u32 {
+pub fn sock_send(ctx: BtfTracePointContext) -> u32 {
     let ret: i64 = ctx.arg::<u64>(1) as i32 as i64;
     if ret <= 0 {
         return 0;
@@ -44,7 +44,7 @@ pub fn sock_send_length(ctx: BtfTracePointContext) -> u32 {
 
 /// `sock_recv_length(struct sock *sk, int ret, int flags)`.
 #[btf_tracepoint(function = "sock_recv_length")]
-pub fn sock_recv_length(ctx: BtfTracePointContext) -> u32 {
+pub fn sock_recv(ctx: BtfTracePointContext) -> u32 {
     let ret: i64 = ctx.arg::<u64>(1) as i32 as i64;
     let flags = ctx.arg::<u64>(2) as i32;
     if ret <= 0 || flags & MSG_PEEK != 0 {

@@ -20,6 +20,7 @@ pub fn start_collector(probe: &ProbeArgs, read_cpu_stat: bool) -> anyhow::Result
     let mount = cgroup::find_cgroup2_mount()?;
     let probe = loader::load_and_attach(&LoadOptions {
         max_workers: probe.max_workers,
+        groups: probe.programs.iter().map(|&choice| choice.into()).collect(),
     })?;
     KernelCollector::new(probe, CgroupIndex::new(mount), read_cpu_stat)
 }

@@ -31,6 +31,32 @@ pub struct ProbeArgs {
     /// How many cgroups the kernel maps can hold; a cgroup beyond that is counted as a drop.
     #[arg(long, default_value_t = probe_common::DEFAULT_MAX_WORKERS, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub max_workers: u32,
+    /// What to measure: cpu (on-CPU time, context switches), net (socket bytes). Repeat or
+    /// separate with commas.
+    #[arg(long, value_delimiter = ',', default_value = "cpu,net")]
+    pub programs: Vec<ProgramChoice>,
+}
+
+/// `--programs` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgramChoice {
+    /// On-CPU time and context switches.
+    Cpu,
+    /// Socket bytes and calls.
+    Net,
+    /// For benchmarks only: an empty sched_switch program, the cost floor.
+    #[value(hide = true)]
+    Floor,
+}
+
+impl From<ProgramChoice> for crate::loader::ProgramGroup {
+    fn from(choice: ProgramChoice) -> Self {
+        match choice {
+            ProgramChoice::Cpu => Self::Cpu,
+            ProgramChoice::Net => Self::Net,
+            ProgramChoice::Floor => Self::Floor,
+        }
+    }
 }
 
 /// `workerprobe top`.

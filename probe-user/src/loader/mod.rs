@@ -20,20 +20,54 @@ use crate::error::UserError;
 /// The eBPF object built from `probe-ebpf` by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe-ebpf"));
 
-/// Each program and the tracepoint it attaches to (they share a name).
-pub const PROGRAMS: [&str; 3] = ["sched_switch", "sock_send_length", "sock_recv_length"];
+/// What a user can choose to measure (`--programs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ProgramGroup {
+    /// On-CPU time and context switches (sched_switch).
+    Cpu,
+    /// Socket bytes and calls (sock_send_length, sock_recv_length).
+    Net,
+    /// For benchmarks only: an empty sched_switch program, the cost floor.
+    Floor,
+}
+
+impl ProgramGroup {
+    /// Every group a user normally wants.
+    pub const DEFAULT: [ProgramGroup; 2] = [ProgramGroup::Cpu, ProgramGroup::Net];
+}
+
+/// The programs (ELF names) and tracepoints to attach for a set of groups.
+pub fn programs_for(groups: &[ProgramGroup]) -> Vec<(&'static str, &'static str)> {
+    let mut programs = Vec::new();
+    for group in groups {
+        match group {
+            ProgramGroup::Cpu => programs.push(("switch_cpu", "sched_switch")),
+            ProgramGroup::Net => {
+                programs.push(("sock_send", "sock_send_length"));
+                programs.push(("sock_recv", "sock_recv_length"));
+            }
+            ProgramGroup::Floor => programs.push(("switch_floor", "sched_switch")),
+        }
+    }
+    programs.sort_unstable();
+    programs.dedup();
+    programs
+}
 
 /// Options for loading.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     /// How many cgroups each per-cgroup map holds.
     pub max_workers: u32,
+    /// Which programs to attach.
+    pub groups: Vec<ProgramGroup>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
         Self {
             max_workers: probe_common::DEFAULT_MAX_WORKERS,
+            groups: ProgramGroup::DEFAULT.to_vec(),
         }
     }
 }
@@ -76,30 +110,30 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
         .load(EBPF_OBJECT)
         .map_err(|err| classify_load_error(err.into()))?;
 
-    for name in PROGRAMS {
-        attach(&mut ebpf, &btf, name)?;
+    for (program, tracepoint) in programs_for(&options.groups) {
+        attach(&mut ebpf, &btf, program, tracepoint)?;
     }
     switch_on_every_cpu();
     Ok(Probe { ebpf })
 }
 
-fn attach(ebpf: &mut Ebpf, btf: &Btf, name: &str) -> anyhow::Result<()> {
+fn attach(ebpf: &mut Ebpf, btf: &Btf, name: &str, tracepoint: &str) -> anyhow::Result<()> {
     let program: &mut BtfTracePoint = ebpf
         .program_mut(name)
         .with_context(|| format!("program {name} missing from the eBPF object"))?
         .try_into()
         .with_context(|| format!("program {name} is not a tp_btf program"))?;
-    if let Err(err) = program.load(name, btf) {
+    if let Err(err) = program.load(tracepoint, btf) {
         let text = format!("{err:#}").to_lowercase();
         if text.contains("not found") || text.contains("no such") {
-            return Err(UserError::MissingTracepoint(name.to_string()).into());
+            return Err(UserError::MissingTracepoint(tracepoint.to_string()).into());
         }
         return Err(classify_load_error(anyhow::Error::new(err)))
             .with_context(|| format!("loading program {name}"));
     }
     program
         .attach()
-        .with_context(|| format!("attaching program {name} to tracepoint {name}"))?;
+        .with_context(|| format!("attaching program {name} to tracepoint {tracepoint}"))?;
     Ok(())
 }
 
