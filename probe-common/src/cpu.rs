@@ -42,10 +42,73 @@ pub struct CpuStats {
     pub voluntary_switches: u64,
     /// Switches out while still runnable (preempted or yielded).
     pub involuntary_switches: u64,
+    /// Nanoseconds the cgroup's threads were runnable but waiting for a CPU (from wakeup or
+    /// preemption to the next switch-in). Counted when the wait ends.
+    pub runqueue_wait_ns: u64,
+    /// Nanoseconds in uninterruptible sleep (D state: disk and some network file system
+    /// waits), from switch-out to wakeup. Counted when the sleep ends.
+    pub blocked_io_ns: u64,
+    /// Nanoseconds in other sleeps (S state: sockets, locks, timers, idle waits).
+    pub sleep_ns: u64,
+    /// Wakeups of the cgroup's threads from either kind of sleep.
+    pub wakeups: u64,
+    /// Run-queue waits counted in `runqueue_wait_hist`.
+    pub runqueue_waits: u64,
+    /// Run-queue waits by length: bucket 0 is under 1 µs, bucket `b` is [2^(b-1), 2^b) µs, the
+    /// last one everything from 2^(RUNQ_BUCKETS-2) µs up.
+    pub runqueue_wait_hist: [u64; RUNQ_BUCKETS],
 }
 
-const _: () = assert!(core::mem::size_of::<CpuStats>() == 24);
+/// Buckets of the run-queue wait histogram: a power of two, so the programs can bound an
+/// index with a mask the verifier understands. The last starts at 2^30 µs (18 minutes).
+pub const RUNQ_BUCKETS: usize = 32;
+
+/// The histogram bucket of a wait.
+#[inline(always)]
+pub fn runq_bucket(wait_ns: u64) -> usize {
+    let wait_us = wait_ns / 1_000;
+    let bucket = (u64::BITS - wait_us.leading_zeros()) as usize;
+    if bucket < RUNQ_BUCKETS {
+        bucket
+    } else {
+        RUNQ_BUCKETS - 1
+    }
+}
+
+/// Upper edge of a bucket in nanoseconds (`u64::MAX` for the last, open one).
+pub fn runq_bucket_upper_ns(bucket: usize) -> u64 {
+    if bucket + 1 >= RUNQ_BUCKETS {
+        u64::MAX
+    } else {
+        (1u64 << bucket) * 1_000
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<CpuStats>() == 8 * (8 + RUNQ_BUCKETS));
 
 #[cfg(feature = "user")]
 // SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.
 unsafe impl aya::Pod for CpuStats {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_log2_microseconds() {
+        assert_eq!(runq_bucket(0), 0);
+        assert_eq!(runq_bucket(999), 0);
+        assert_eq!(runq_bucket(1_000), 1);
+        assert_eq!(runq_bucket(1_999), 1);
+        assert_eq!(runq_bucket(2_000), 2);
+        assert_eq!(runq_bucket(1_000_000), 10); // 1 ms = 1000 µs in [512, 1024)
+        assert_eq!(runq_bucket(u64::MAX), RUNQ_BUCKETS - 1);
+        assert_eq!(runq_bucket_upper_ns(0), 1_000);
+        assert_eq!(runq_bucket_upper_ns(10), 1_024_000);
+        assert_eq!(runq_bucket_upper_ns(RUNQ_BUCKETS - 1), u64::MAX);
+        // Every wait lands below its bucket's upper edge.
+        for wait_ns in [0, 1, 999, 1_000, 5_000, 123_456_789, 60_000_000_000] {
+            assert!(wait_ns < runq_bucket_upper_ns(runq_bucket(wait_ns)));
+        }
+    }
+}

@@ -5,6 +5,14 @@
 pub const SUM_EXEC_RUNTIME_OFFSET_GLOBAL: &str = "TASK_SUM_EXEC_RUNTIME_OFFSET";
 /// Global: `offsetof(struct task_struct, pid)` (the thread id).
 pub const PID_OFFSET_GLOBAL: &str = "TASK_PID_OFFSET";
+/// Global: `offsetof(struct task_struct, sched_info.pcount)`.
+pub const SCHED_INFO_PCOUNT_OFFSET_GLOBAL: &str = "TASK_SCHED_INFO_PCOUNT_OFFSET";
+/// Global: `offsetof(struct task_struct, sched_info.run_delay)`.
+pub const SCHED_INFO_RUN_DELAY_OFFSET_GLOBAL: &str = "TASK_SCHED_INFO_RUN_DELAY_OFFSET";
+/// Global: `offsetof(struct task_struct, sched_info.last_arrival)`.
+pub const SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL: &str = "TASK_SCHED_INFO_LAST_ARRIVAL_OFFSET";
+/// Global: `offsetof(struct task_struct, sched_info.last_queued)`.
+pub const SCHED_INFO_LAST_QUEUED_OFFSET_GLOBAL: &str = "TASK_SCHED_INFO_LAST_QUEUED_OFFSET";
 /// Global: `offsetof(struct task_struct, cgroups)`.
 pub const CGROUPS_OFFSET_GLOBAL: &str = "TASK_CGROUPS_OFFSET";
 /// Global: `offsetof(struct css_set, dfl_cgrp)`.
@@ -23,10 +31,25 @@ pub struct TaskOffsets {
     pub pid: u32,
     /// `task_struct.cgroups`.
     pub cgroups: u32,
+    /// `task_struct.sched_info.pcount` (arrivals on a CPU), `None` without CONFIG_SCHED_INFO.
+    pub sched_info: Option<SchedInfoOffsets>,
     /// `css_set.dfl_cgrp`.
     pub css_set_dfl_cgrp: u32,
     /// `cgroup.kn`.
     pub cgroup_kn: u32,
     /// `kernfs_node.id`.
     pub kernfs_node_id: u32,
+}
+
+/// Offsets in `task_struct.sched_info`, the scheduler's own run-queue accounting (rq clock).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedInfoOffsets {
+    /// `pcount`: times the task arrived on a CPU.
+    pub pcount: u32,
+    /// `run_delay`: total ns spent runnable, waiting for a CPU.
+    pub run_delay: u32,
+    /// `last_arrival`: rq clock when it last arrived on a CPU.
+    pub last_arrival: u32,
+    /// `last_queued`: rq clock when it last became runnable (0 once it runs).
+    pub last_queued: u32,
 }

@@ -11,11 +11,15 @@ use aya_ebpf::{
 };
 use probe_common::{
     DEFAULT_MAX_WORKERS,
-    cpu::{CpuStats, LastSwitch},
+    cpu::{CpuStats, LastSwitch, RUNQ_BUCKETS, runq_bucket},
     drops::{DROP_CPU_STATS, DROP_SLOTS, DROP_TASK_STATE},
 };
 
-use crate::task::{self, Task};
+use crate::task::{self, BLOCKED_IO, RUNNING, SLEEPING, Task, TaskState};
+
+/// `prev_state` bits (include/linux/sched.h).
+const TASK_UNINTERRUPTIBLE: u64 = 0x2;
+const TASK_NOLOAD: u64 = 0x400;
 
 /// cgroup id → what its threads did on this CPU. Allocated per worker, not up front.
 #[map]
@@ -54,93 +58,225 @@ pub fn switch_floor(_ctx: BtfTracePointContext) -> u32 {
 /// struct task_struct *next, unsigned int prev_state)`.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn switch_cpu(ctx: BtfTracePointContext) -> u32 {
+    on_switch::<false>(&ctx);
+    0
+}
+
+/// CPU accounting and where the off-CPU time went (run-queue wait, blocked on I/O, sleep).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn switch_full(ctx: BtfTracePointContext) -> u32 {
+    on_switch::<true>(&ctx);
+    0
+}
+
+/// `sched_wakeup(struct task_struct *p)`: a sleeping task became runnable.
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn wakeup(ctx: BtfTracePointContext) -> u32 {
+    on_wakeup(ctx.arg(0));
+    0
+}
+
+/// `sched_wakeup_new(struct task_struct *p)`: a new task became runnable.
+#[btf_tracepoint(function = "sched_wakeup_new")]
+pub fn wakeup_new(ctx: BtfTracePointContext) -> u32 {
+    on_wakeup(ctx.arg(0));
+    0
+}
+
+/// The sleep ends: its length goes to the task's pending delays; it is runnable again.
+///
+/// The scheduler set `sched_info.last_queued` to the wakeup time just before this
+/// tracepoint, so no clock is read here.
+#[inline(always)]
+fn on_wakeup(task: Task) {
+    let Some(state) = task::state(task) else {
+        count_drop(DROP_TASK_STATE);
+        return;
+    };
+    if state.flags & task::SEEN == 0 {
+        // A new task, or one asleep since before we attached: its account starts now.
+        start_account(state, task);
+        return;
+    }
+    let slept_ns = task::last_queued_ns(task).saturating_sub(state.slept_at_ns);
+    match state.state {
+        BLOCKED_IO => state.pending_blocked_io_ns += slept_ns,
+        SLEEPING => state.pending_sleep_ns += slept_ns,
+        _ => return, // woken before it got off the CPU
+    }
+    state.pending_wakeups += 1;
+    state.state = RUNNING;
+}
+
+/// Sets the task's baselines to what the scheduler has counted so far.
+#[inline(always)]
+fn start_account(state: &mut TaskState, task: Task) {
+    state.accounted_runtime_ns = task::sum_exec_runtime_ns(task);
+    state.accounted_run_delay_ns = task::run_delay_ns(task);
+    state.accounted_arrivals = task::arrivals(task);
+    state.state = RUNNING;
+    state.flags |= task::SEEN;
+}
+
+/// One context switch on this CPU. With `DELAYS`, also where the off-CPU time went.
+///
+/// Everything is accounted at the outgoing task's switch-out, when its cgroup is at hand:
+/// its slice (runtime the scheduler charged since we last accounted), and with `DELAYS` its
+/// run-queue waits (the scheduler's own `sched_info.run_delay`, added at each arrival) and
+/// the sleeps its wakeups measured.
+#[inline(always)]
+fn on_switch<const DELAYS: bool>(ctx: &BtfTracePointContext) {
     let prev: Task = ctx.arg(1);
     let next: Task = ctx.arg(2);
 
-    // The incoming task: remember where its accounting stands, for user space's view of the
-    // running slice. A task seen for the first time starts its account now.
-    let next_accounted_ns = match task::state(next) {
-        Some(state) => {
-            if state.flags & task::SEEN == 0 {
-                state.accounted_runtime_ns = task::sum_exec_runtime_ns(next);
-                state.flags |= task::SEEN;
-            }
-            state.accounted_runtime_ns
-        }
-        None => {
-            count_drop(DROP_TASK_STATE);
-            task::sum_exec_runtime_ns(next)
+    // The incoming task: record where its accounting stands, for user space's view of the
+    // running slice and for a first sight of it at the next switch here. A task that has not
+    // left a CPU since it came in has accounted exactly its runtime at switch-in.
+    let Some(last) = LAST_SWITCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU slot; preemption is off inside the tracepoint.
+    let since = unsafe { *last };
+    unsafe {
+        *last = LastSwitch {
+            next_task: next as u64,
+            next_accounted_runtime_ns: task::sum_exec_runtime_ns(next),
+            switch_count: since.switch_count + 1,
+            next_tid: task::tid(next),
+            reserved: 0,
         }
     };
-    if let Some(last) = LAST_SWITCH.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot; preemption is off inside the tracepoint.
-        unsafe {
-            *last = LastSwitch {
-                next_task: next as u64,
-                next_accounted_runtime_ns: next_accounted_ns,
-                switch_count: (*last).switch_count + 1,
-                next_tid: task::tid(next),
-                reserved: 0,
-            }
-        };
-    }
 
     // The outgoing task. The idle task (tid 0) is node idle, not a worker.
     if task::tid(prev) == 0 {
-        return 0;
+        return;
     }
     let Some(state) = task::state(prev) else {
         count_drop(DROP_TASK_STATE);
-        return 0;
+        return;
     };
-    // The scheduler charged prev's runtime just before this tracepoint.
-    let runtime_ns = task::sum_exec_runtime_ns(prev);
     if state.flags & task::SEEN == 0 {
-        // First sight (it was running when we attached): its account starts now.
-        state.accounted_runtime_ns = runtime_ns;
-        state.flags |= task::SEEN;
-        return 0;
+        start_account(state, prev);
+        if since.next_task == prev as u64 {
+            // It came in at this CPU's last switch (new, or running since before it had
+            // state): its slice started then.
+            state.accounted_runtime_ns = since.next_accounted_runtime_ns;
+        } else {
+            // Its switch-in was not seen: its account starts now.
+            if DELAYS {
+                go_off_cpu(state, prev, ctx, 0);
+            }
+            return;
+        }
     }
-    let slice_ns = runtime_ns.saturating_sub(state.accounted_runtime_ns);
-    state.accounted_runtime_ns = runtime_ns;
-
     let preempt: u64 = ctx.arg(0);
     let prev_state: u64 = ctx.arg(3);
     // As the kernel counts nvcsw: a switch is voluntary when the thread left the run queue.
     let voluntary = (preempt & 1) == 0 && (prev_state & 0xffff_ffff) != 0;
+    // The scheduler charged prev's runtime just before this tracepoint.
+    let runtime_ns = task::sum_exec_runtime_ns(prev);
+    let slice_ns = runtime_ns.saturating_sub(state.accounted_runtime_ns);
+    state.accounted_runtime_ns = runtime_ns;
+    if DELAYS {
+        go_off_cpu(state, prev, ctx, slice_ns);
+    }
     let cgroup_id = task::cgroup_id(prev);
     if let Some(stats) = CPU_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: per-CPU value of this CPU; no other writer while we run.
-        unsafe { add_slice(&mut *stats, slice_ns, voluntary) };
-        return 0;
+        unsafe { add_slice::<DELAYS>(&mut *stats, state, prev, slice_ns, voluntary) };
+        return;
     }
-    insert_first_slice(cgroup_id, slice_ns, voluntary);
-    0
+    insert_first_slice::<DELAYS>(cgroup_id, state, prev, slice_ns, voluntary);
 }
 
+/// Notes how the task leaves the CPU: still runnable (the scheduler times that wait), or
+/// asleep from now — the end of its slice on the rq clock: arrival plus the slice.
 #[inline(always)]
-fn add_slice(stats: &mut CpuStats, slice_ns: u64, voluntary: bool) {
+fn go_off_cpu(state: &mut TaskState, prev: Task, ctx: &BtfTracePointContext, slice_ns: u64) {
+    let preempt: u64 = ctx.arg(0);
+    let prev_state: u64 = ctx.arg(3);
+    if (preempt & 1) != 0 || (prev_state & 0xffff_ffff) == 0 {
+        state.state = RUNNING;
+        return;
+    }
+    state.state = if prev_state & TASK_UNINTERRUPTIBLE != 0 && prev_state & TASK_NOLOAD == 0 {
+        BLOCKED_IO
+    } else {
+        SLEEPING
+    };
+    state.slept_at_ns = task::last_arrival_ns(prev) + slice_ns;
+}
+
+/// Adds a slice, and with `DELAYS` the task's run-queue waits and pending sleeps, to its
+/// cgroup's counters.
+#[inline(always)]
+fn add_slice<const DELAYS: bool>(
+    stats: &mut CpuStats,
+    state: &mut TaskState,
+    prev: Task,
+    slice_ns: u64,
+    voluntary: bool,
+) {
     stats.on_cpu_ns += slice_ns;
     if voluntary {
         stats.voluntary_switches += 1;
     } else {
         stats.involuntary_switches += 1;
     }
-}
-
-/// Rare path: the first slice of a cgroup (on this node since load).
-#[inline(never)]
-fn insert_first_slice(cgroup_id: u64, slice_ns: u64, voluntary: bool) {
-    let mut first = CpuStats::default();
-    add_slice(&mut first, slice_ns, voluntary);
-    if CPU_STATS.insert(cgroup_id, first, BPF_NOEXIST).is_ok() {
+    if !DELAYS {
         return;
     }
-    // Another CPU may have inserted the same cgroup a moment ago.
+    // The scheduler added the wait before this slice at the task's arrival.
+    let run_delay_ns = task::run_delay_ns(prev);
+    let arrivals = task::arrivals(prev);
+    let waited_ns = run_delay_ns.saturating_sub(state.accounted_run_delay_ns);
+    let waits = arrivals.saturating_sub(state.accounted_arrivals);
+    state.accounted_run_delay_ns = run_delay_ns;
+    state.accounted_arrivals = arrivals;
+    stats.runqueue_wait_ns += waited_ns;
+    if let Some(mean_wait_ns) = waited_ns.checked_div(waits) {
+        // Normally one wait per slice; if switches were hidden from us, their mean.
+        let bucket = runq_bucket(mean_wait_ns) & (RUNQ_BUCKETS - 1);
+        stats.runqueue_wait_hist[bucket] += waits;
+        stats.runqueue_waits += waits;
+    }
+    stats.blocked_io_ns += state.pending_blocked_io_ns;
+    stats.sleep_ns += state.pending_sleep_ns;
+    stats.wakeups += state.pending_wakeups;
+    state.pending_blocked_io_ns = 0;
+    state.pending_sleep_ns = 0;
+    state.pending_wakeups = 0;
+}
+
+/// Rare path: the first slice of a cgroup on this CPU since load.
+#[inline(never)]
+fn insert_first_slice<const DELAYS: bool>(
+    cgroup_id: u64,
+    state: &mut TaskState,
+    prev: Task,
+    slice_ns: u64,
+    voluntary: bool,
+) {
+    // Insert zeros, then add: the value is too large to build on the BPF stack.
+    let _ = CPU_STATS.insert(cgroup_id, ZERO_STATS, BPF_NOEXIST);
+    // Another CPU may have inserted the same cgroup a moment ago: either way, add to it.
     if let Some(stats) = CPU_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: as above.
-        unsafe { add_slice(&mut *stats, slice_ns, voluntary) };
+        unsafe { add_slice::<DELAYS>(&mut *stats, state, prev, slice_ns, voluntary) };
     } else {
         count_drop(DROP_CPU_STATS);
     }
 }
+
+/// All-zero counters, inserted for a new cgroup.
+static ZERO_STATS: CpuStats = CpuStats {
+    on_cpu_ns: 0,
+    voluntary_switches: 0,
+    involuntary_switches: 0,
+    runqueue_wait_ns: 0,
+    blocked_io_ns: 0,
+    sleep_ns: 0,
+    wakeups: 0,
+    runqueue_waits: 0,
+    runqueue_wait_hist: [0; RUNQ_BUCKETS],
+};

@@ -13,6 +13,14 @@ static TASK_SUM_EXEC_RUNTIME_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static TASK_PID_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static TASK_SCHED_INFO_PCOUNT_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_SCHED_INFO_RUN_DELAY_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_SCHED_INFO_LAST_ARRIVAL_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_SCHED_INFO_LAST_QUEUED_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static TASK_CGROUPS_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static CSS_SET_DFL_CGRP_OFFSET: Global<u32> = Global::new(0);
@@ -48,6 +56,36 @@ pub fn tid(task: Task) -> u32 {
     unsafe { field(task, TASK_PID_OFFSET.load()) }
 }
 
+/// Times the task arrived on a CPU (`sched_info.pcount`): one per run-queue wait.
+#[inline(always)]
+pub fn arrivals(task: Task) -> u64 {
+    // SAFETY: as above.
+    unsafe { field(task, TASK_SCHED_INFO_PCOUNT_OFFSET.load()) }
+}
+
+/// Total run-queue wait so far (`sched_info.run_delay`, ns of the rq clock), kept by the
+/// scheduler itself: a wait is added when the task arrives on a CPU.
+#[inline(always)]
+pub fn run_delay_ns(task: Task) -> u64 {
+    // SAFETY: as above.
+    unsafe { field(task, TASK_SCHED_INFO_RUN_DELAY_OFFSET.load()) }
+}
+
+/// rq clock when the task last arrived on a CPU (`sched_info.last_arrival`).
+#[inline(always)]
+pub fn last_arrival_ns(task: Task) -> u64 {
+    // SAFETY: as above.
+    unsafe { field(task, TASK_SCHED_INFO_LAST_ARRIVAL_OFFSET.load()) }
+}
+
+/// rq clock when the task last became runnable (`sched_info.last_queued`): at a wakeup
+/// tracepoint, the moment of the wakeup.
+#[inline(always)]
+pub fn last_queued_ns(task: Task) -> u64 {
+    // SAFETY: as above.
+    unsafe { field(task, TASK_SCHED_INFO_LAST_QUEUED_OFFSET.load()) }
+}
+
 /// The cgroup v2 id of the task: `task->cgroups->dfl_cgrp->kn->id`, as
 /// `bpf_get_current_cgroup_id` computes it, for any task.
 #[inline(always)]
@@ -62,18 +100,42 @@ pub fn cgroup_id(task: Task) -> u64 {
 }
 
 /// What the programs remember about one task, freed with the task.
+///
+/// Times are on the scheduler's rq clock (what `sched_info` uses), so no program reads a
+/// clock of its own.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct TaskState {
     /// How much of the task's `sum_exec_runtime` is already in `CPU_STATS`.
     pub accounted_runtime_ns: u64,
-    /// 0 in fresh storage; `SEEN` once `accounted_runtime_ns` holds a baseline (a new
-    /// thread's runtime is 0, so the runtime itself cannot tell).
-    pub flags: u64,
+    /// How much of its `sched_info.run_delay` is already in `CPU_STATS`.
+    pub accounted_run_delay_ns: u64,
+    /// Its `sched_info.pcount` when last accounted.
+    pub accounted_arrivals: u64,
+    /// rq clock when it last went to sleep (`BLOCKED_IO` or `SLEEPING`).
+    pub slept_at_ns: u64,
+    /// Sleep that ended (at a wakeup) while its cgroup was not at hand; added to its cgroup
+    /// at its next switch-out, when it is the outgoing task.
+    pub pending_blocked_io_ns: u64,
+    /// See `pending_blocked_io_ns`.
+    pub pending_sleep_ns: u64,
+    /// 0 in fresh storage; `SEEN` once the baselines above are set (a new thread's runtime
+    /// is 0, so the runtime itself cannot tell).
+    pub flags: u32,
+    /// `RUNNING` (on a CPU or runnable), `BLOCKED_IO` or `SLEEPING`.
+    pub state: u32,
+    /// Wakeups not yet added to its cgroup.
+    pub pending_wakeups: u64,
 }
 
-/// [`TaskState::flags`]: the task has a runtime baseline.
-pub const SEEN: u64 = 1;
+/// [`TaskState::flags`]: the baselines are set.
+pub const SEEN: u32 = 1;
+/// [`TaskState::state`]: on a CPU or runnable.
+pub const RUNNING: u32 = 0;
+/// In uninterruptible sleep (D).
+pub const BLOCKED_IO: u32 = 1;
+/// In any other sleep (S, idle kernel waits).
+pub const SLEEPING: u32 = 2;
 
 /// `BPF_MAP_TYPE_TASK_STORAGE` definition in the BTF map layout (aya 0.14 has no type for
 /// it; the loader passes it through with `allow_unsupported_maps`).

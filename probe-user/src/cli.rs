@@ -31,9 +31,9 @@ pub struct ProbeArgs {
     /// How many cgroups the kernel maps can hold; a cgroup beyond that is counted as a drop.
     #[arg(long, default_value_t = probe_common::DEFAULT_MAX_WORKERS, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub max_workers: u32,
-    /// What to measure: cpu (on-CPU time, context switches), net (socket bytes). Repeat or
-    /// separate with commas.
-    #[arg(long, value_delimiter = ',', default_value = "cpu,net")]
+    /// What to measure: cpu (on-CPU time, context switches), delays (where off-CPU time went:
+    /// run-queue wait, blocked on I/O, sleep), net (socket bytes). Separate with commas.
+    #[arg(long, value_delimiter = ',', default_value = "cpu,delays,net")]
     pub programs: Vec<ProgramChoice>,
 }
 
@@ -42,6 +42,8 @@ pub struct ProbeArgs {
 pub enum ProgramChoice {
     /// On-CPU time and context switches.
     Cpu,
+    /// Run-queue wait, blocked on I/O and sleep time (includes cpu).
+    Delays,
     /// Socket bytes and calls.
     Net,
     /// For benchmarks only: an empty sched_switch program, the cost floor.
@@ -53,6 +55,7 @@ impl From<ProgramChoice> for crate::loader::ProgramGroup {
     fn from(choice: ProgramChoice) -> Self {
         match choice {
             ProgramChoice::Cpu => Self::Cpu,
+            ProgramChoice::Delays => Self::Delays,
             ProgramChoice::Net => Self::Net,
             ProgramChoice::Floor => Self::Floor,
         }

@@ -20,6 +20,11 @@ pub enum UserError {
         "this kernel has no `{0}` tracepoint: workerprobe needs Linux 6.3 or newer (sock_send_length/sock_recv_length appeared in 6.3)"
     )]
     MissingTracepoint(String),
+    /// The kernel keeps no per-task run-queue accounting (CONFIG_SCHED_INFO).
+    #[error(
+        "this kernel was built without CONFIG_SCHED_INFO, which measuring delays needs: run with --programs cpu,net"
+    )]
+    NoSchedInfo,
     /// No cgroup2 hierarchy is mounted.
     #[error(
         "no cgroup2 file system is mounted: mount one (`mount -t cgroup2 none /sys/fs/cgroup/unified`) or boot with systemd.unified_cgroup_hierarchy=1"

@@ -5,7 +5,7 @@
 
 use anyhow::{Context as _, anyhow, bail};
 use btf_rs::{Btf, Type};
-use probe_common::task::TaskOffsets;
+use probe_common::task::{SchedInfoOffsets, TaskOffsets};
 
 /// Where the kernel's BTF lives.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -21,9 +21,21 @@ pub fn task_offsets(btf: &Btf) -> anyhow::Result<TaskOffsets> {
         sum_exec_runtime: member_offset(btf, "task_struct", &["se", "sum_exec_runtime"])?,
         pid: member_offset(btf, "task_struct", &["pid"])?,
         cgroups: member_offset(btf, "task_struct", &["cgroups"])?,
+        // Only with CONFIG_SCHED_INFO; without it the delays cannot be measured.
+        sched_info: sched_info_offsets(btf).ok(),
         css_set_dfl_cgrp: member_offset(btf, "css_set", &["dfl_cgrp"])?,
         cgroup_kn: member_offset(btf, "cgroup", &["kn"])?,
         kernfs_node_id: member_offset(btf, "kernfs_node", &["id"])?,
+    })
+}
+
+fn sched_info_offsets(btf: &Btf) -> anyhow::Result<SchedInfoOffsets> {
+    let field = |name| member_offset(btf, "task_struct", &["sched_info", name]);
+    Ok(SchedInfoOffsets {
+        pcount: field("pcount")?,
+        run_delay: field("run_delay")?,
+        last_arrival: field("last_arrival")?,
+        last_queued: field("last_queued")?,
     })
 }
 

@@ -11,7 +11,9 @@ use probe_common::{
     net::SOCK_FAMILY_OFFSET_GLOBAL,
     task::{
         CGROUP_KN_OFFSET_GLOBAL, CGROUPS_OFFSET_GLOBAL, CSS_SET_DFL_CGRP_OFFSET_GLOBAL,
-        KERNFS_NODE_ID_OFFSET_GLOBAL, PID_OFFSET_GLOBAL, SUM_EXEC_RUNTIME_OFFSET_GLOBAL,
+        KERNFS_NODE_ID_OFFSET_GLOBAL, PID_OFFSET_GLOBAL, SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL,
+        SCHED_INFO_LAST_QUEUED_OFFSET_GLOBAL, SCHED_INFO_PCOUNT_OFFSET_GLOBAL,
+        SCHED_INFO_RUN_DELAY_OFFSET_GLOBAL, SUM_EXEC_RUNTIME_OFFSET_GLOBAL,
     },
 };
 
@@ -25,6 +27,9 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 pub enum ProgramGroup {
     /// On-CPU time and context switches (sched_switch).
     Cpu,
+    /// Where off-CPU time went: run-queue wait, blocked on I/O, sleep (sched_switch with
+    /// per-task state, sched_wakeup, sched_wakeup_new). Includes `Cpu`.
+    Delays,
     /// Socket bytes and calls (sock_send_length, sock_recv_length).
     Net,
     /// For benchmarks only: an empty sched_switch program, the cost floor.
@@ -33,15 +38,24 @@ pub enum ProgramGroup {
 
 impl ProgramGroup {
     /// Every group a user normally wants.
-    pub const DEFAULT: [ProgramGroup; 2] = [ProgramGroup::Cpu, ProgramGroup::Net];
+    pub const DEFAULT: [ProgramGroup; 3] =
+        [ProgramGroup::Cpu, ProgramGroup::Delays, ProgramGroup::Net];
 }
 
 /// The programs (ELF names) and tracepoints to attach for a set of groups.
 pub fn programs_for(groups: &[ProgramGroup]) -> Vec<(&'static str, &'static str)> {
     let mut programs = Vec::new();
+    let delays = groups.contains(&ProgramGroup::Delays);
     for group in groups {
         match group {
-            ProgramGroup::Cpu => programs.push(("switch_cpu", "sched_switch")),
+            // The full switch program does the CPU accounting too: never attach both.
+            ProgramGroup::Cpu if !delays => programs.push(("switch_cpu", "sched_switch")),
+            ProgramGroup::Cpu => {}
+            ProgramGroup::Delays => {
+                programs.push(("switch_full", "sched_switch"));
+                programs.push(("wakeup", "sched_wakeup"));
+                programs.push(("wakeup_new", "sched_wakeup_new"));
+            }
             ProgramGroup::Net => {
                 programs.push(("sock_send", "sock_send_length"));
                 programs.push(("sock_recv", "sock_recv_length"));
@@ -93,6 +107,13 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
         )
     };
     let btf = Btf::from_sys_fs().map_err(|_| UserError::NoKernelBtf)?;
+    let sched_info = match task.sched_info {
+        Some(offsets) => offsets,
+        None if options.groups.contains(&ProgramGroup::Delays) => {
+            return Err(UserError::NoSchedInfo.into());
+        }
+        None => Default::default(),
+    };
 
     let mut ebpf = EbpfLoader::new()
         .btf(Some(&btf))
@@ -102,6 +123,22 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
         .override_global(SUM_EXEC_RUNTIME_OFFSET_GLOBAL, &task.sum_exec_runtime, true)
         .override_global(PID_OFFSET_GLOBAL, &task.pid, true)
         .override_global(CGROUPS_OFFSET_GLOBAL, &task.cgroups, true)
+        .override_global(SCHED_INFO_PCOUNT_OFFSET_GLOBAL, &sched_info.pcount, true)
+        .override_global(
+            SCHED_INFO_RUN_DELAY_OFFSET_GLOBAL,
+            &sched_info.run_delay,
+            true,
+        )
+        .override_global(
+            SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL,
+            &sched_info.last_arrival,
+            true,
+        )
+        .override_global(
+            SCHED_INFO_LAST_QUEUED_OFFSET_GLOBAL,
+            &sched_info.last_queued,
+            true,
+        )
         .override_global(CSS_SET_DFL_CGRP_OFFSET_GLOBAL, &task.css_set_dfl_cgrp, true)
         .override_global(CGROUP_KN_OFFSET_GLOBAL, &task.cgroup_kn, true)
         .override_global(KERNFS_NODE_ID_OFFSET_GLOBAL, &task.kernfs_node_id, true)
@@ -208,6 +245,28 @@ pub fn has_bpf_privileges(effective: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_switch_program_at_a_time() {
+        let names = |groups: &[ProgramGroup]| {
+            programs_for(groups)
+                .into_iter()
+                .map(|(program, _)| program)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&[ProgramGroup::Cpu]), ["switch_cpu"]);
+        assert_eq!(
+            names(&ProgramGroup::DEFAULT),
+            [
+                "sock_recv",
+                "sock_send",
+                "switch_full",
+                "wakeup",
+                "wakeup_new"
+            ]
+        );
+        assert_eq!(names(&[ProgramGroup::Floor]), ["switch_floor"]);
+    }
 
     #[test]
     fn reads_capabilities() {

@@ -5,4 +5,4 @@ mod sample;
 mod stats;
 
 pub use sample::{CpuStatUsec, Drops, Sample, WorkerCounters};
-pub use stats::{FamilyDelta, Interval, WorkerStats, diff};
+pub use stats::{Delays, FamilyDelta, Interval, WorkerStats, diff};

@@ -1,6 +1,9 @@
 //! What each worker did between two samples.
 
-use probe_common::net::{FAMILY_COUNT, FamilyCounters};
+use probe_common::{
+    cpu::{RUNQ_BUCKETS, runq_bucket_upper_ns},
+    net::{FAMILY_COUNT, FamilyCounters},
+};
 
 use super::sample::{CpuStatUsec, Sample, WorkerCounters};
 use crate::clock::Timestamp;
@@ -23,6 +26,8 @@ pub struct WorkerStats {
     pub voluntary_switches: u64,
     /// Involuntary context switches in the interval.
     pub involuntary_switches: u64,
+    /// Where the off-CPU time went, for delays that ended in the interval.
+    pub delays: Delays,
     /// Socket traffic per family in the interval (`probe_common::net::FAMILY_*` order).
     pub net: [FamilyDelta; FAMILY_COUNT],
     /// User-mode nanoseconds from `cpu.stat`, when both samples read it.
@@ -86,11 +91,64 @@ impl WorkerStats {
         ratio(self.received_bytes(), self.interval_ns) * 1e9
     }
 
+    /// `ns` as a share of the interval (thread-seconds per second: a worker with several
+    /// threads can exceed 1).
+    pub fn share_of_interval(&self, ns: u64) -> f64 {
+        ratio(ns, self.interval_ns)
+    }
+
     /// Whether anything happened in the interval.
     pub fn is_active(&self) -> bool {
         self.cpu_ns() > 0
             || self.voluntary_switches + self.involuntary_switches > 0
             || self.sent_calls() + self.received_calls() > 0
+    }
+}
+
+/// Off-CPU time of a worker's threads over an interval. A delay is counted when it ends (the
+/// thread is switched in or woken), so a thread asleep through the whole interval shows it
+/// in a later one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Delays {
+    /// Runnable but waiting for a CPU.
+    pub runqueue_wait_ns: u64,
+    /// Uninterruptible sleep (D state): disk and some network file system waits.
+    pub blocked_io_ns: u64,
+    /// Interruptible sleep (S state): sockets, locks, timers, idle waits.
+    pub sleep_ns: u64,
+    /// Wakeups from either sleep.
+    pub wakeups: u64,
+    /// Run-queue waits by length (`probe_common::cpu::runq_bucket`).
+    pub runqueue_wait_hist: Vec<u64>,
+}
+
+impl Delays {
+    /// Run-queue waits in the histogram.
+    pub fn runqueue_waits(&self) -> u64 {
+        self.runqueue_wait_hist.iter().sum()
+    }
+
+    /// The upper edge of the bucket holding quantile `q` (0..=1) of the run-queue waits;
+    /// `None` without waits. The last bucket is open: its lower edge is reported.
+    pub fn runqueue_wait_quantile_ns(&self, q: f64) -> Option<u64> {
+        let total = self.runqueue_waits();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (bucket, &count) in self.runqueue_wait_hist.iter().enumerate() {
+            seen += count;
+            if seen >= rank {
+                let upper = runq_bucket_upper_ns(bucket);
+                return Some(if upper == u64::MAX {
+                    runq_bucket_upper_ns(bucket - 1)
+                } else {
+                    upper
+                });
+            }
+        }
+        None
     }
 }
 
@@ -196,6 +254,22 @@ fn worker_delta(
             .push(counters.on_cpu_ns - base.on_cpu_ns);
         stats.voluntary_switches += counters.voluntary_switches - base.voluntary_switches;
         stats.involuntary_switches += counters.involuntary_switches - base.involuntary_switches;
+        let delays = &mut stats.delays;
+        delays.runqueue_wait_ns += counters
+            .runqueue_wait_ns
+            .saturating_sub(base.runqueue_wait_ns);
+        delays.blocked_io_ns += counters.blocked_io_ns.saturating_sub(base.blocked_io_ns);
+        delays.sleep_ns += counters.sleep_ns.saturating_sub(base.sleep_ns);
+        delays.wakeups += counters.wakeups.saturating_sub(base.wakeups);
+        delays.runqueue_wait_hist.resize(RUNQ_BUCKETS, 0);
+        for (sum, (now, then)) in delays.runqueue_wait_hist.iter_mut().zip(
+            counters
+                .runqueue_wait_hist
+                .iter()
+                .zip(base.runqueue_wait_hist.iter()),
+        ) {
+            *sum += now.saturating_sub(*then);
+        }
     }
     for (slot, family) in now.net.families.iter().enumerate() {
         let base = before.map(|b| b.net.families[slot]).unwrap_or_default();
@@ -275,12 +349,14 @@ mod tests {
                 CpuStats {
                     on_cpu_ns: cpu0_ns,
                     voluntary_switches: 1,
-                    involuntary_switches: 0,
+                    sleep_ns: cpu0_ns * 2,
+                    ..CpuStats::default()
                 },
                 CpuStats {
                     on_cpu_ns: cpu1_ns,
-                    voluntary_switches: 0,
                     involuntary_switches: 2,
+                    runqueue_wait_ns: cpu1_ns / 2,
+                    ..CpuStats::default()
                 },
             ],
             ..WorkerCounters::default()
@@ -315,7 +391,28 @@ mod tests {
         assert!((worker.sent_bytes_per_second() - 2_000.0).abs() < 1e-9);
         assert_eq!(worker.total_cpu_ns, 750_000_100);
         assert_eq!(interval.drops, vec![3, 0]);
+        assert_eq!(worker.delays.sleep_ns, 1_000_000_000);
+        assert_eq!(worker.delays.runqueue_wait_ns, 125_000_000);
+        assert!((worker.share_of_interval(worker.delays.sleep_ns) - 1.0).abs() < 1e-12);
         assert_eq!(interval.total_drops, vec![4, 0]);
+    }
+
+    #[test]
+    fn runqueue_quantiles_come_from_the_histogram() {
+        let mut delays = Delays {
+            runqueue_wait_hist: vec![0; RUNQ_BUCKETS],
+            ..Delays::default()
+        };
+        assert_eq!(delays.runqueue_wait_quantile_ns(0.5), None);
+        delays.runqueue_wait_hist[1] = 50; // [1, 2) µs
+        delays.runqueue_wait_hist[11] = 40; // [1024, 2048) µs
+        delays.runqueue_wait_hist[RUNQ_BUCKETS - 1] = 10; // open last bucket
+        assert_eq!(delays.runqueue_wait_quantile_ns(0.5), Some(2_000));
+        assert_eq!(delays.runqueue_wait_quantile_ns(0.9), Some(2_048_000));
+        assert_eq!(
+            delays.runqueue_wait_quantile_ns(0.99),
+            Some(runq_bucket_upper_ns(RUNQ_BUCKETS - 2))
+        );
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub struct WorkerDocument {
     pub path: Option<String>,
     /// CPU use.
     pub cpu: CpuDocument,
+    /// Where the threads' time went.
+    pub time: TimeDocument,
     /// Socket traffic.
     pub net: NetDocument,
 }
@@ -82,6 +84,61 @@ pub struct CpuDocument {
     pub voluntary_switches: u64,
     /// Switches where a thread was preempted while runnable.
     pub involuntary_switches: u64,
+}
+
+/// Where a worker's thread time went in a window. Shares are of the window's length per
+/// thread-second: several threads can add up to more than 1. A delay counts when it ends.
+#[derive(Debug, Serialize)]
+pub struct TimeDocument {
+    /// Running on a CPU.
+    pub on_cpu_seconds: f64,
+    /// Runnable, waiting for a CPU.
+    pub runqueue_wait_seconds: f64,
+    /// Uninterruptible sleep (D state: disk, some network file systems).
+    pub blocked_io_seconds: f64,
+    /// Interruptible sleep (S state: sockets, locks, timers).
+    pub sleep_seconds: f64,
+    /// on_cpu_seconds / window.
+    pub on_cpu_share: f64,
+    /// runqueue_wait_seconds / window.
+    pub runqueue_wait_share: f64,
+    /// blocked_io_seconds / window.
+    pub blocked_io_share: f64,
+    /// sleep_seconds / window.
+    pub sleep_share: f64,
+    /// Wakeups from either sleep.
+    pub wakeups: u64,
+    /// Run-queue waits that ended in the window.
+    pub runqueue_waits: u64,
+    /// Median run-queue wait (upper edge of its log2 bucket); null without waits.
+    pub runqueue_wait_p50_seconds: Option<f64>,
+    /// 90th percentile run-queue wait.
+    pub runqueue_wait_p90_seconds: Option<f64>,
+    /// 99th percentile run-queue wait.
+    pub runqueue_wait_p99_seconds: Option<f64>,
+}
+
+impl TimeDocument {
+    /// The breakdown of one worker's stats.
+    pub fn from_stats(worker: &WorkerStats) -> Self {
+        let delays = &worker.delays;
+        let quantile = |q: f64| delays.runqueue_wait_quantile_ns(q).map(seconds);
+        Self {
+            on_cpu_seconds: seconds(worker.cpu_ns()),
+            runqueue_wait_seconds: seconds(delays.runqueue_wait_ns),
+            blocked_io_seconds: seconds(delays.blocked_io_ns),
+            sleep_seconds: seconds(delays.sleep_ns),
+            on_cpu_share: worker.share_of_interval(worker.cpu_ns()),
+            runqueue_wait_share: worker.share_of_interval(delays.runqueue_wait_ns),
+            blocked_io_share: worker.share_of_interval(delays.blocked_io_ns),
+            sleep_share: worker.share_of_interval(delays.sleep_ns),
+            wakeups: delays.wakeups,
+            runqueue_waits: delays.runqueue_waits(),
+            runqueue_wait_p50_seconds: quantile(0.5),
+            runqueue_wait_p90_seconds: quantile(0.9),
+            runqueue_wait_p99_seconds: quantile(0.99),
+        }
+    }
 }
 
 /// Socket traffic of a worker in a window.
@@ -156,6 +213,7 @@ impl WorkerDocument {
                 voluntary_switches: worker.voluntary_switches,
                 involuntary_switches: worker.involuntary_switches,
             },
+            time: TimeDocument::from_stats(worker),
             net: NetDocument {
                 sent_bytes: worker.sent_bytes(),
                 received_bytes: worker.received_bytes(),

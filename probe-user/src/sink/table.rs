@@ -26,16 +26,25 @@ pub fn render(interval: &Interval, limit: usize) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<PATH_WIDTH$} {:>6}  {:<16} {:>10} {:>10} {:>9} {:>9} {:>9}",
-        "WORKER", "CORES", "PER-CPU", "SEND/s", "RECV/s", "CPU-TOTAL", "SENT", "RECV"
+        "{:<PATH_WIDTH$} {:>6}  {:<16} {:<19} {:>10} {:>10} {:>9} {:>9} {:>9}",
+        "WORKER",
+        "CORES",
+        "PER-CPU",
+        "CPU/RUNQ/IO/SLEEP %",
+        "SEND/s",
+        "RECV/s",
+        "CPU-TOTAL",
+        "SENT",
+        "RECV"
     );
     for worker in active.iter().take(limit) {
         let _ = writeln!(
             out,
-            "{:<PATH_WIDTH$} {:>6.2}  {:<16} {:>10} {:>10} {:>9} {:>9} {:>9}",
+            "{:<PATH_WIDTH$} {:>6.2}  {:<16} {:<19} {:>10} {:>10} {:>9} {:>9} {:>9}",
             shorten(&worker_label(worker), PATH_WIDTH),
             worker.cpu_cores(),
             per_cpu(worker),
+            breakdown(worker),
             format!("{}/s", bytes(worker.sent_bytes_per_second() as u64)),
             format!("{}/s", bytes(worker.received_bytes_per_second() as u64)),
             format!("{:.2}s", worker.total_cpu_ns as f64 / 1e9),
@@ -65,6 +74,19 @@ fn per_cpu(worker: &WorkerStats) -> String {
         .map(|cores| format!("{cores:.2}"))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Where the thread time went, in % of the interval: `cpu/runq/io/sleep`.
+fn breakdown(worker: &WorkerStats) -> String {
+    let percent = |ns: u64| (worker.share_of_interval(ns) * 100.0).round() as u64;
+    let delays = &worker.delays;
+    format!(
+        "{}/{}/{}/{}",
+        percent(worker.cpu_ns()),
+        percent(delays.runqueue_wait_ns),
+        percent(delays.blocked_io_ns),
+        percent(delays.sleep_ns)
+    )
 }
 
 /// Keeps the end of a long path, where the worker's own name is.
@@ -151,6 +173,7 @@ mod tests {
         assert!(lines[0].starts_with("workers active: 2"));
         assert!(lines[2].starts_with("/big"));
         assert!(lines[2].contains("1.40  0.90 0.50"));
+        assert!(lines[2].contains("140/0/0/0"));
         assert!(lines[3].starts_with("/small"));
         assert_eq!(lines.len(), 4);
     }

@@ -10,6 +10,10 @@
 //!   comma-separated SIZES, then try one send that must fail. Prints
 //!   `{"sent_bytes","sent_calls","failed_sends"}`.
 //! - `nap COUNT MS`: sleep COUNT times MS milliseconds.
+//! - `pinned-spin MS THREADS CPU`: like `spin`, every thread pinned to CPU; prints the
+//!   kernel's own run-queue delay of the spinning threads (`/proc/thread-self/schedstat`).
+//! - `fsync DIR COUNT`: COUNT times write 4 KiB to a file in DIR and fsync it (D state).
+//! - `life MS`: one thread: spin MS, nap 5 × MS/5, fsync 10 times in /var/tmp.
 
 use std::{
     io::{Read as _, Write as _},
@@ -28,6 +32,16 @@ fn main() {
         "spin" => spin(num(arg(1)), num(arg(2)) as usize),
         "recv" => recv(arg(1), arg(2), num(arg(3))),
         "send" => send(arg(1), arg(2), num(arg(3)), arg(4)),
+        "pinned-spin" => pinned_spin(num(arg(1)), num(arg(2)) as usize, num(arg(3)) as usize),
+        "fsync" => fsync(arg(1), num(arg(2))),
+        "life" => {
+            let ms = num(arg(1));
+            spin_for(Duration::from_millis(ms));
+            for _ in 0..5 {
+                std::thread::sleep(Duration::from_millis(ms / 5));
+            }
+            fsync("/var/tmp", 10);
+        }
         "nap" => {
             for _ in 0..num(arg(1)) {
                 std::thread::sleep(Duration::from_millis(num(arg(2))));
@@ -46,6 +60,73 @@ fn usage() -> ! {
 
 fn num(text: &str) -> u64 {
     text.parse().unwrap_or_else(|_| usage())
+}
+
+/// Busy-loops on this thread for `duration` of wall time.
+fn spin_for(duration: Duration) -> u64 {
+    let deadline = Instant::now() + duration;
+    let mut x = 0u64;
+    while Instant::now() < deadline {
+        for i in 0..10_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+    }
+    x
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays within it for small CPU numbers.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "pin"
+        );
+    }
+}
+
+/// The calling thread's run-queue delay so far, from the kernel's schedstat (ns).
+fn own_run_delay_ns() -> u64 {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .expect("run_delay")
+}
+
+fn pinned_spin(ms: u64, threads: usize, cpu: usize) {
+    pin_to(cpu);
+    let deadline = Instant::now() + Duration::from_millis(ms);
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while Instant::now() < deadline {
+                    for i in 0..10_000u64 {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+                    }
+                }
+                own_run_delay_ns()
+            })
+        })
+        .collect();
+    let run_delay_ns: u64 = workers.into_iter().map(|w| w.join().expect("join")).sum();
+    println!(r#"{{"spinner_run_delay_ns":{run_delay_ns}}}"#);
+}
+
+fn fsync(dir: &str, count: u64) {
+    let path = std::path::Path::new(dir).join(format!("wp-fsync-{}", std::process::id()));
+    let mut file = std::fs::File::create(&path).expect("create");
+    let block = vec![1u8; 4096];
+    for _ in 0..count {
+        file.write_all(&block).expect("write");
+        file.sync_all().expect("fsync");
+    }
+    drop(file);
+    let _ = std::fs::remove_file(&path);
 }
 
 fn spin(ms: u64, threads: usize) {

@@ -1,0 +1,158 @@
+//! Where the time went: run-queue wait, blocked on I/O and sleep per worker, against the
+//! workloads' own timing and the kernel's own per-thread run delay.
+
+use std::time::{Duration, Instant};
+
+use workerprobe::{collect::Source as _, model};
+use workerprobe_tests::{TestCgroup, collector, field, wait_json};
+
+/// What a worker did between two samples.
+fn stats_of(
+    before: &model::Sample,
+    after: &model::Sample,
+    cgroup: &TestCgroup,
+) -> model::WorkerStats {
+    model::diff(Some(before), after)
+        .workers
+        .into_iter()
+        .find(|worker| worker.cgroup_id == cgroup.id)
+        .unwrap_or_else(|| panic!("worker {} not seen", cgroup.dir.display()))
+}
+
+fn within(actual: f64, expected: f64, tolerance: f64) -> bool {
+    (actual - expected).abs() <= expected * tolerance
+}
+
+#[test]
+fn a_napping_thread_sleeps() {
+    let mut collector = collector();
+    let napper = TestCgroup::new("nap");
+    let before = collector.sample().expect("sample");
+    let child = napper.spawn_workload(&["nap", "10", "50"]);
+    assert!(child.wait_with_output().expect("wait").status.success());
+    let after = collector.sample().expect("sample");
+    let stats = stats_of(&before, &after, &napper);
+    let sleep_ms = stats.delays.sleep_ns as f64 / 1e6;
+    eprintln!(
+        "napper: sleep {sleep_ms} ms, on-CPU {} ms, wakeups {}",
+        stats.cpu_ns() as f64 / 1e6,
+        stats.delays.wakeups
+    );
+    assert!(
+        within(sleep_ms, 500.0, 0.05),
+        "sleep {sleep_ms} ms, expected 500 ms ± 5%"
+    );
+    assert!(
+        stats.cpu_ns() < 50_000_000,
+        "on-CPU {} ns is not small",
+        stats.cpu_ns()
+    );
+    assert!(stats.delays.wakeups >= 10);
+    // A nap is not I/O; loading the binary may be.
+    assert!(
+        stats.delays.blocked_io_ns < 25_000_000,
+        "napper blocked on I/O for {} ns",
+        stats.delays.blocked_io_ns
+    );
+}
+
+#[test]
+fn pinned_busy_threads_wait_for_the_cpu() {
+    let mut collector = collector();
+    let a = TestCgroup::new("rq-a");
+    let b = TestCgroup::new("rq-b");
+    let before = collector.sample().expect("sample");
+    let wall = Duration::from_millis(2_000);
+    let ms = wall.as_millis().to_string();
+    let first = a.spawn_workload(&["pinned-spin", &ms, "2", "0"]);
+    let second = b.spawn_workload(&["pinned-spin", &ms, "2", "0"]);
+    let a_out = wait_json(first);
+    let b_out = wait_json(second);
+    let after = collector.sample().expect("sample");
+    for (cgroup, out) in [(&a, &a_out), (&b, &b_out)] {
+        let stats = stats_of(&before, &after, cgroup);
+        let runq_s = stats.delays.runqueue_wait_ns as f64 / 1e9;
+        let kernel_runq_s = field(out, "spinner_run_delay_ns") as f64 / 1e9;
+        let busy_s = (stats.cpu_ns() + stats.delays.runqueue_wait_ns) as f64 / 1e9;
+        eprintln!(
+            "{}: on-CPU {:.3}s run-queue {runq_s:.3}s (kernel's run_delay of the spinners {kernel_runq_s:.3}s) on-CPU+run-queue {busy_s:.3}s, p50 {:?} p99 {:?}",
+            cgroup.dir.display(),
+            stats.cpu_ns() as f64 / 1e9,
+            stats.delays.runqueue_wait_quantile_ns(0.5),
+            stats.delays.runqueue_wait_quantile_ns(0.99),
+        );
+        // Four spinners share one CPU: each waits about three quarters of the time.
+        assert!(
+            kernel_runq_s > 2.0,
+            "the spinners hardly waited: {kernel_runq_s}s"
+        );
+        assert!(
+            within(runq_s, kernel_runq_s, 0.05),
+            "run-queue wait {runq_s}s vs kernel {kernel_runq_s}s"
+        );
+        assert!(
+            within(busy_s, 2.0 * wall.as_secs_f64(), 0.05),
+            "on-CPU + run-queue {busy_s}s vs 2 threads x {wall:?}"
+        );
+        assert!(stats.delays.runqueue_waits() > 10);
+        assert!(stats.delays.runqueue_wait_quantile_ns(0.5).is_some());
+    }
+}
+
+#[test]
+fn fsync_blocks_on_io_and_only_that_worker() {
+    let mut collector = collector();
+    let writer = TestCgroup::new("io-writer");
+    let napper = TestCgroup::new("io-napper");
+    let before = collector.sample().expect("sample");
+    let write = writer.spawn_workload(&["fsync", "/var/tmp", "200"]);
+    let nap = napper.spawn_workload(&["nap", "5", "40"]);
+    assert!(write.wait_with_output().expect("wait").status.success());
+    assert!(nap.wait_with_output().expect("wait").status.success());
+    let after = collector.sample().expect("sample");
+    let writer_stats = stats_of(&before, &after, &writer);
+    let napper_stats = stats_of(&before, &after, &napper);
+    eprintln!(
+        "writer blocked-io {} ms, sleep {} ms; napper blocked-io {} ms",
+        writer_stats.delays.blocked_io_ns as f64 / 1e6,
+        writer_stats.delays.sleep_ns as f64 / 1e6,
+        napper_stats.delays.blocked_io_ns as f64 / 1e6
+    );
+    assert!(
+        writer_stats.delays.blocked_io_ns > 0,
+        "200 fsyncs never blocked on I/O"
+    );
+    // The napper may fault its binary in from disk, never the writer's fsyncs.
+    assert!(
+        napper_stats.delays.blocked_io_ns * 10 < writer_stats.delays.blocked_io_ns,
+        "the napper was charged the writer's I/O"
+    );
+}
+
+#[test]
+fn a_single_thread_life_adds_up_to_its_wall_time() {
+    let mut collector = collector();
+    let worker = TestCgroup::new("life");
+    let before = collector.sample().expect("sample");
+    let started = Instant::now();
+    let child = worker.spawn_workload(&["life", "600"]);
+    let status = child.wait_with_output().expect("wait").status;
+    let life_s = started.elapsed().as_secs_f64();
+    assert!(status.success());
+    let after = collector.sample().expect("sample");
+    let stats = stats_of(&before, &after, &worker);
+    let d = &stats.delays;
+    let accounted_s =
+        (stats.cpu_ns() + d.runqueue_wait_ns + d.blocked_io_ns + d.sleep_ns) as f64 / 1e9;
+    eprintln!(
+        "life {life_s:.4}s: on-CPU {:.4} run-queue {:.4} blocked-io {:.4} sleep {:.4} = {accounted_s:.4}s",
+        stats.cpu_ns() as f64 / 1e9,
+        d.runqueue_wait_ns as f64 / 1e9,
+        d.blocked_io_ns as f64 / 1e9,
+        d.sleep_ns as f64 / 1e9
+    );
+    assert!(
+        within(accounted_s, life_s, 0.02),
+        "accounted {accounted_s}s vs life {life_s}s"
+    );
+}
