@@ -9,7 +9,9 @@ pub const DROP_CPU_STATS: u32 = 0;
 pub const DROP_NET_STATS: u32 = 1;
 /// A task's local storage could not be made or was busy: that task's slice or delay is lost.
 pub const DROP_TASK_STATE: u32 = 2;
+/// The lifecycle ring buffer was full: a cgroup made or removed went untold.
+pub const DROP_EVENTS: u32 = 3;
 /// Number of drop slots (room for the programs to come).
 pub const DROP_SLOTS: u32 = 8;
 /// Names of the used slots, in order, as reported to users.
-pub const DROP_NAMES: [&str; 3] = ["cpu_stats", "net_stats", "task_state"];
+pub const DROP_NAMES: [&str; 4] = ["cpu_stats", "net_stats", "task_state", "cgroup_events"];

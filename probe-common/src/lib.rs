@@ -12,3 +12,4 @@ pub mod task;
 
 /// Default number of cgroups each per-cgroup map holds (changeable at load time).
 pub const DEFAULT_MAX_WORKERS: u32 = 16_384;
+pub mod lifecycle;

@@ -19,6 +19,10 @@ pub const CGROUPS_OFFSET_GLOBAL: &str = "TASK_CGROUPS_OFFSET";
 pub const CSS_SET_DFL_CGRP_OFFSET_GLOBAL: &str = "CSS_SET_DFL_CGRP_OFFSET";
 /// Global: `offsetof(struct cgroup, kn)`.
 pub const CGROUP_KN_OFFSET_GLOBAL: &str = "CGROUP_KN_OFFSET";
+/// Global: `offsetof(struct cgroup, root)`.
+pub const CGROUP_ROOT_OFFSET_GLOBAL: &str = "CGROUP_ROOT_OFFSET";
+/// Global: `offsetof(struct cgroup_root, hierarchy_id)` (0 is the cgroup2 hierarchy).
+pub const CGROUP_ROOT_HIERARCHY_ID_OFFSET_GLOBAL: &str = "CGROUP_ROOT_HIERARCHY_ID_OFFSET";
 /// Global: `offsetof(struct kernfs_node, id)`.
 pub const KERNFS_NODE_ID_OFFSET_GLOBAL: &str = "KERNFS_NODE_ID_OFFSET";
 
@@ -39,6 +43,10 @@ pub struct TaskOffsets {
     pub cgroup_kn: u32,
     /// `kernfs_node.id`.
     pub kernfs_node_id: u32,
+    /// `cgroup.root`.
+    pub cgroup_root: u32,
+    /// `cgroup_root.hierarchy_id`.
+    pub cgroup_root_hierarchy_id: u32,
 }
 
 /// Offsets in `task_struct.sched_info`, the scheduler's own run-queue accounting (rq clock).

@@ -28,6 +28,10 @@ static CSS_SET_DFL_CGRP_OFFSET: Global<u32> = Global::new(0);
 static CGROUP_KN_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static KERNFS_NODE_ID_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CGROUP_ROOT_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CGROUP_ROOT_HIERARCHY_ID_OFFSET: Global<u32> = Global::new(0);
 
 /// A `struct task_struct *` from a tracepoint argument (or the current task).
 pub type Task = *const u8;
@@ -94,8 +98,30 @@ pub fn cgroup_id(task: Task) -> u64 {
     unsafe {
         let css_set: *const u8 = field(task, TASK_CGROUPS_OFFSET.load());
         let cgroup: *const u8 = field(css_set, CSS_SET_DFL_CGRP_OFFSET.load());
+        id_of_cgroup(cgroup)
+    }
+}
+
+/// A `struct cgroup *` from a tracepoint argument.
+pub type Cgroup = *const u8;
+
+/// The id of a cgroup: `cgrp->kn->id`, the inode number of its directory.
+#[inline(always)]
+pub fn id_of_cgroup(cgroup: Cgroup) -> u64 {
+    // SAFETY: BTF-checked loads; a fault yields 0.
+    unsafe {
         let kernfs_node: *const u8 = field(cgroup, CGROUP_KN_OFFSET.load());
         field(kernfs_node, KERNFS_NODE_ID_OFFSET.load())
+    }
+}
+
+/// Whether a cgroup belongs to the cgroup2 hierarchy (hierarchy id 0), not a v1 controller.
+#[inline(always)]
+pub fn is_cgroup2(cgroup: Cgroup) -> bool {
+    // SAFETY: BTF-checked loads.
+    unsafe {
+        let root: *const u8 = field(cgroup, CGROUP_ROOT_OFFSET.load());
+        field::<i32>(root, CGROUP_ROOT_HIERARCHY_ID_OFFSET.load()) == 0
     }
 }
 

@@ -188,27 +188,56 @@ pub fn spawn_in_cgroup(
     command: &mut std::process::Command,
     dir: &Path,
 ) -> std::io::Result<std::process::Child> {
+    spawn_in_cgroups(command, &[dir])
+}
+
+/// Like [`spawn_in_cgroup`], joining every cgroup in `dirs` (e.g. a cgroup2 directory and, on
+/// hybrid hosts, a v1 memory cgroup).
+pub fn spawn_in_cgroups(
+    command: &mut std::process::Command,
+    dirs: &[&Path],
+) -> std::io::Result<std::process::Child> {
     use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
 
-    let procs = fs::OpenOptions::new()
-        .write(true)
-        .open(dir.join("cgroup.procs"))?;
-    let fd = procs.as_raw_fd();
-    // SAFETY: the closure only calls write(2), which is async-signal-safe, on an fd opened
+    let procs = dirs
+        .iter()
+        .map(|dir| {
+            fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join("cgroup.procs"))
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let fds: Vec<i32> = procs.iter().map(|file| file.as_raw_fd()).collect();
+    // SAFETY: the closure only calls write(2), which is async-signal-safe, on fds opened
     // before the fork; it allocates nothing.
     unsafe {
         command.pre_exec(move || {
-            // "0" moves the writing process.
-            if libc::write(fd, b"0".as_ptr().cast(), 1) == 1 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
+            for &fd in &fds {
+                // "0" moves the writing process.
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
+            Ok(())
         });
     }
     let child = command.spawn();
     drop(procs);
     child
+}
+
+/// Removes a cgroup directory, waiting briefly for exiting processes to leave it.
+pub fn remove_cgroup(dir: &Path) -> std::io::Result<()> {
+    let mut last = Ok(());
+    for _ in 0..50 {
+        last = fs::remove_dir(dir);
+        match &last {
+            Ok(()) => return Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    }
+    last
 }
 
 #[cfg(test)]

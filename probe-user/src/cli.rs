@@ -23,6 +23,76 @@ pub enum Command {
     /// Attach, wait --duration, and print what each worker did in that window (per-CPU detail
     /// and map drops included).
     Snapshot(SnapshotArgs),
+    /// Print one exit summary per worker as each one ends (its cgroup is removed): CPU total,
+    /// user/system and per CPU, time breakdown, bytes, memory peak, and a Lithops view.
+    Watch(WatchArgs),
+    /// Run a command in a fresh cgroup and print its exit summary when it ends; exits with the
+    /// command's status (128 + signal if it was killed).
+    Exec(ExecArgs),
+}
+
+/// Which workers to report.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Only workers whose cgroup path matches this glob (`*` crosses `/`; a bare name matches
+    /// the last component, e.g. nginx.service). Repeat for several.
+    #[arg(long = "workers", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
+    pub patterns: Vec<String>,
+}
+
+/// `workerprobe watch`.
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// Print JSON lines (a header with the node's facts, then one line per exit) instead of
+    /// one human line per exit.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after this long (default: until Ctrl-C).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// How often live workers' memory and cpu.stat are sampled, e.g. 1s.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+}
+
+/// `workerprobe exec`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Name of the worker (its cgroup is /workerprobe/exec-<pid>-<name>); default: the
+    /// command's file name.
+    #[arg(long, value_parser = parse_name)]
+    pub name: Option<String>,
+    /// Print the summary as one JSON line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the summary to this file instead of stderr.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+}
+
+/// A worker name: letters, digits, `-`, `_` and `.`, at most 64.
+pub fn parse_name(text: &str) -> Result<String, String> {
+    let valid = !text.is_empty()
+        && text.len() <= 64
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if valid && text != "." && text != ".." {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "`{text}` is not a worker name; use up to 64 letters, digits, '-', '_' or '.'"
+        ))
+    }
 }
 
 /// Options every command that loads the programs shares.
@@ -32,8 +102,9 @@ pub struct ProbeArgs {
     #[arg(long, default_value_t = probe_common::DEFAULT_MAX_WORKERS, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub max_workers: u32,
     /// What to measure: cpu (on-CPU time, context switches), delays (where off-CPU time went:
-    /// run-queue wait, blocked on I/O, sleep), net (socket bytes). Separate with commas.
-    #[arg(long, value_delimiter = ',', default_value = "cpu,delays,net")]
+    /// run-queue wait, blocked on I/O, sleep), net (socket bytes), workers (cgroups made and
+    /// removed, for exit summaries). Separate with commas.
+    #[arg(long, value_delimiter = ',', default_value = "cpu,delays,net,workers")]
     pub programs: Vec<ProgramChoice>,
 }
 
@@ -46,6 +117,8 @@ pub enum ProgramChoice {
     Delays,
     /// Socket bytes and calls.
     Net,
+    /// Cgroups made and removed (exit summaries).
+    Workers,
     /// For benchmarks only: an empty sched_switch program, the cost floor.
     #[value(hide = true)]
     Floor,
@@ -57,6 +130,7 @@ impl From<ProgramChoice> for crate::loader::ProgramGroup {
             ProgramChoice::Cpu => Self::Cpu,
             ProgramChoice::Delays => Self::Delays,
             ProgramChoice::Net => Self::Net,
+            ProgramChoice::Workers => Self::Lifecycle,
             ProgramChoice::Floor => Self::Floor,
         }
     }
@@ -75,6 +149,8 @@ pub struct TopArgs {
     #[arg(long, default_value_t = 40)]
     pub limit: usize,
     #[command(flatten)]
+    pub workers: WorkerArgs,
+    #[command(flatten)]
     pub probe: ProbeArgs,
 }
 
@@ -87,6 +163,8 @@ pub struct SnapshotArgs {
     /// Print one JSON document instead of a table.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
     #[command(flatten)]
     pub probe: ProbeArgs,
 }
@@ -125,6 +203,14 @@ mod tests {
         assert!(parse_duration("fast").unwrap_err().contains("like 1s"));
         assert!(parse_interval("10ms").is_err());
         assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert_eq!(parse_name("job-1.a_b"), Ok("job-1.a_b".into()));
+        assert!(parse_name("a/b").is_err());
+        assert!(parse_name("..").is_err());
+        assert!(parse_name("").is_err());
     }
 
     #[test]

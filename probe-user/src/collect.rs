@@ -1,10 +1,11 @@
 //! Collection: reads the programs' maps into a [`Sample`]. Knows nothing of sinks.
 
 use anyhow::Context as _;
-use aya::maps::{MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use probe_common::{
     cpu::{CPU_STATS_MAP, CpuStats, LAST_SWITCH_MAP, LastSwitch},
     drops::{DROP_NAMES, DROPS_MAP},
+    lifecycle::{CGROUP_MADE, CgroupEvent, EVENTS_MAP},
     net::{NET_STATS_MAP, NetStats},
 };
 
@@ -12,7 +13,7 @@ use crate::{
     cgroup::{self, CgroupIndex},
     clock::Timestamp,
     loader::Probe,
-    model::{Drops, Sample},
+    model::{Drops, LifecycleEvent, Sample, WorkerCounters},
 };
 
 /// Something that yields cumulative samples: the kernel now, a recording later.
@@ -38,6 +39,7 @@ pub struct KernelCollector {
     net_stats: PerCpuHashMap<MapData, u64, NetStats>,
     drops: PerCpuArray<MapData, u64>,
     last_switch: PerCpuArray<MapData, LastSwitch>,
+    events: RingBuf<MapData>,
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
     reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
     cgroups: CgroupIndex,
@@ -70,7 +72,10 @@ impl KernelCollector {
             PerCpuArray::try_from(take(DROPS_MAP)?).with_context(|| format!("map {DROPS_MAP}"))?;
         let last_switch = PerCpuArray::try_from(take(LAST_SWITCH_MAP)?)
             .with_context(|| format!("map {LAST_SWITCH_MAP}"))?;
+        let events =
+            RingBuf::try_from(take(EVENTS_MAP)?).with_context(|| format!("map {EVENTS_MAP}"))?;
         Ok(Self {
+            events,
             last_switch,
             reported_on_cpu_ns: std::collections::HashMap::new(),
             cpu_stats,
@@ -136,6 +141,62 @@ impl Source for KernelCollector {
 }
 
 impl KernelCollector {
+    /// Cgroups made and removed since the last call, oldest first.
+    pub fn drain_events(&mut self) -> Vec<LifecycleEvent> {
+        let mut events = Vec::new();
+        while let Some(item) = self.events.next() {
+            if item.len() < std::mem::size_of::<CgroupEvent>() {
+                continue;
+            }
+            // SAFETY: the program writes whole CgroupEvents; read_unaligned copes with the
+            // ring buffer's 8-byte alignment.
+            let event: CgroupEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            let path = String::from_utf8_lossy(event.path_bytes()).into_owned();
+            events.push(LifecycleEvent {
+                cgroup_id: event.cgroup_id,
+                at_monotonic_ns: event.at_ns,
+                made: event.kind == CGROUP_MADE,
+                path: if path.is_empty() { "/".into() } else { path },
+            });
+        }
+        events
+    }
+
+    /// The final counters of a removed worker, then its map entries are freed. `None` if it
+    /// never did anything since the programs were loaded.
+    pub fn finish(&mut self, cgroup_id: u64) -> Option<WorkerCounters> {
+        let cpu = self.cpu_stats.get(&cgroup_id, 0).ok();
+        let net = self.net_stats.get(&cgroup_id, 0).ok();
+        if cpu.is_none() && net.is_none() {
+            return None;
+        }
+        let mut worker = WorkerCounters {
+            cpu_per_cpu: cpu.map(|per_cpu| per_cpu.to_vec()).unwrap_or_default(),
+            ..WorkerCounters::default()
+        };
+        worker.cpu_per_cpu.resize(self.cpus, CpuStats::default());
+        if let Some(per_cpu) = net {
+            for on_cpu in per_cpu.iter() {
+                for (sum, add) in worker.net.families.iter_mut().zip(&on_cpu.families) {
+                    sum.sent_bytes += add.sent_bytes;
+                    sum.sent_calls += add.sent_calls;
+                    sum.received_bytes += add.received_bytes;
+                    sum.received_calls += add.received_calls;
+                }
+            }
+        }
+        // Free the entries: the cgroup is gone and its id will not come back.
+        let _ = self.cpu_stats.remove(&cgroup_id);
+        let _ = self.net_stats.remove(&cgroup_id);
+        self.reported_on_cpu_ns.remove(&cgroup_id);
+        Some(worker)
+    }
+
+    /// Where the cgroup2 hierarchy is, and which path each id names.
+    pub fn cgroups(&mut self) -> &mut CgroupIndex {
+        &mut self.cgroups
+    }
+
     fn read_last_switches(&self) -> anyhow::Result<Vec<LastSwitch>> {
         Ok(self
             .last_switch

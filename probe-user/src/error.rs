@@ -30,6 +30,11 @@ pub enum UserError {
         "no cgroup2 file system is mounted: mount one (`mount -t cgroup2 none /sys/fs/cgroup/unified`) or boot with systemd.unified_cgroup_hierarchy=1"
     )]
     NoCgroup2,
+    /// The cgroup2 hierarchy cannot be written to.
+    #[error(
+        "cannot make a cgroup under {0}: run as root on a host whose cgroup2 hierarchy is writable"
+    )]
+    NoWritableCgroup2(PathBuf),
     /// A path given by the user is not a cgroup under the cgroup2 mount.
     #[error(
         "{0} is not a cgroup directory under the cgroup2 mount: give a path like /sys/fs/cgroup/myworker"

@@ -11,6 +11,7 @@ pub mod clock;
 pub mod collect;
 pub mod error;
 pub mod loader;
+pub mod memory;
 pub mod model;
 pub mod node;
 pub mod sink;

@@ -13,7 +13,7 @@ fn main() -> ExitCode {
     // Bad flags and values: clap prints the reason and exits with 2.
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(err) => {
             match err.downcast_ref::<UserError>() {
                 Some(user_error) => eprintln!("Error: {user_error}"),
@@ -24,7 +24,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs the command; returns the exit code (a command's own for `exec`).
+fn run(cli: Cli) -> anyhow::Result<u8> {
+    if let Command::Exec(args) = &cli.command {
+        return app::exec::exec(args);
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -32,6 +36,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         match &cli.command {
             Command::Top(args) => app::top(args).await,
             Command::Snapshot(args) => app::snapshot(args).await,
+            Command::Watch(args) => app::watch::watch(args).await,
+            Command::Exec(_) => Ok(()),
         }
-    })
+    })?;
+    Ok(0)
 }

@@ -26,6 +26,8 @@ pub fn task_offsets(btf: &Btf) -> anyhow::Result<TaskOffsets> {
         css_set_dfl_cgrp: member_offset(btf, "css_set", &["dfl_cgrp"])?,
         cgroup_kn: member_offset(btf, "cgroup", &["kn"])?,
         kernfs_node_id: member_offset(btf, "kernfs_node", &["id"])?,
+        cgroup_root: member_offset(btf, "cgroup", &["root"])?,
+        cgroup_root_hierarchy_id: member_offset(btf, "cgroup_root", &["hierarchy_id"])?,
     })
 }
 

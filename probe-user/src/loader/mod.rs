@@ -10,8 +10,9 @@ use aya::{Btf, Ebpf, EbpfLoader, programs::BtfTracePoint};
 use probe_common::{
     net::SOCK_FAMILY_OFFSET_GLOBAL,
     task::{
-        CGROUP_KN_OFFSET_GLOBAL, CGROUPS_OFFSET_GLOBAL, CSS_SET_DFL_CGRP_OFFSET_GLOBAL,
-        KERNFS_NODE_ID_OFFSET_GLOBAL, PID_OFFSET_GLOBAL, SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL,
+        CGROUP_KN_OFFSET_GLOBAL, CGROUP_ROOT_HIERARCHY_ID_OFFSET_GLOBAL, CGROUP_ROOT_OFFSET_GLOBAL,
+        CGROUPS_OFFSET_GLOBAL, CSS_SET_DFL_CGRP_OFFSET_GLOBAL, KERNFS_NODE_ID_OFFSET_GLOBAL,
+        PID_OFFSET_GLOBAL, SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL,
         SCHED_INFO_LAST_QUEUED_OFFSET_GLOBAL, SCHED_INFO_PCOUNT_OFFSET_GLOBAL,
         SCHED_INFO_RUN_DELAY_OFFSET_GLOBAL, SUM_EXEC_RUNTIME_OFFSET_GLOBAL,
     },
@@ -34,12 +35,18 @@ pub enum ProgramGroup {
     Net,
     /// For benchmarks only: an empty sched_switch program, the cost floor.
     Floor,
+    /// Workers made and removed (cgroup_mkdir, cgroup_rmdir): exit summaries.
+    Lifecycle,
 }
 
 impl ProgramGroup {
     /// Every group a user normally wants.
-    pub const DEFAULT: [ProgramGroup; 3] =
-        [ProgramGroup::Cpu, ProgramGroup::Delays, ProgramGroup::Net];
+    pub const DEFAULT: [ProgramGroup; 4] = [
+        ProgramGroup::Cpu,
+        ProgramGroup::Delays,
+        ProgramGroup::Net,
+        ProgramGroup::Lifecycle,
+    ];
 }
 
 /// The programs (ELF names) and tracepoints to attach for a set of groups.
@@ -61,6 +68,10 @@ pub fn programs_for(groups: &[ProgramGroup]) -> Vec<(&'static str, &'static str)
                 programs.push(("sock_recv", "sock_recv_length"));
             }
             ProgramGroup::Floor => programs.push(("switch_floor", "sched_switch")),
+            ProgramGroup::Lifecycle => {
+                programs.push(("cgroup_mkdir", "cgroup_mkdir"));
+                programs.push(("cgroup_rmdir", "cgroup_rmdir"));
+            }
         }
     }
     programs.sort_unstable();
@@ -142,6 +153,12 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
         .override_global(CSS_SET_DFL_CGRP_OFFSET_GLOBAL, &task.css_set_dfl_cgrp, true)
         .override_global(CGROUP_KN_OFFSET_GLOBAL, &task.cgroup_kn, true)
         .override_global(KERNFS_NODE_ID_OFFSET_GLOBAL, &task.kernfs_node_id, true)
+        .override_global(CGROUP_ROOT_OFFSET_GLOBAL, &task.cgroup_root, true)
+        .override_global(
+            CGROUP_ROOT_HIERARCHY_ID_OFFSET_GLOBAL,
+            &task.cgroup_root_hierarchy_id,
+            true,
+        )
         .map_max_entries(probe_common::cpu::CPU_STATS_MAP, options.max_workers)
         .map_max_entries(probe_common::net::NET_STATS_MAP, options.max_workers)
         .load(EBPF_OBJECT)
@@ -258,6 +275,8 @@ mod tests {
         assert_eq!(
             names(&ProgramGroup::DEFAULT),
             [
+                "cgroup_mkdir",
+                "cgroup_rmdir",
                 "sock_recv",
                 "sock_send",
                 "switch_full",

@@ -1,8 +1,14 @@
 //! The model: pure functions from raw cumulative samples to what each worker did over an
 //! interval. No kernel, no I/O, no async: every type here can be built in a unit test.
 
+pub mod identity;
+pub mod registry;
 mod sample;
+pub mod selection;
 mod stats;
+pub mod summary;
 
-pub use sample::{CpuStatUsec, Drops, Sample, WorkerCounters};
-pub use stats::{Delays, FamilyDelta, Interval, WorkerStats, diff};
+pub use sample::{
+    CpuStatUsec, Drops, LifecycleEvent, MemoryReading, MemorySource, Sample, WorkerCounters,
+};
+pub use stats::{Delays, FamilyDelta, Interval, WorkerStats, diff, totals};

@@ -54,3 +54,39 @@ impl WorkerCounters {
         self.cpu_per_cpu.iter().map(|cpu| cpu.on_cpu_ns).sum()
     }
 }
+
+/// A cgroup2 directory made or removed, as the kernel told it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LifecycleEvent {
+    /// cgroup v2 id.
+    pub cgroup_id: u64,
+    /// CLOCK_MONOTONIC ns when it happened.
+    pub at_monotonic_ns: u64,
+    /// Made (true) or removed (false).
+    pub made: bool,
+    /// Path relative to the cgroup2 mount.
+    pub path: String,
+}
+
+/// Where a memory figure came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemorySource {
+    /// cgroup v2 `memory.current` / `memory.peak`: exact, the kernel's own.
+    Cgroup2,
+    /// The v1 memory cgroup holding only the worker's processes.
+    Cgroup1,
+    /// Summed RSS of the worker's processes, sampled: a peak between samples is missed.
+    Rss,
+}
+
+/// A worker's memory at one moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemoryReading {
+    /// Memory in use now.
+    pub current_bytes: u64,
+    /// Highest use the source knows of (for `Rss`, the current sample).
+    pub peak_bytes: u64,
+    /// Where the figures came from.
+    pub source: MemorySource,
+}

@@ -229,6 +229,11 @@ pub fn diff(previous: Option<&Sample>, current: &Sample) -> Interval {
     }
 }
 
+/// A worker's whole record as one interval of `interval_ns`: its counters from zero.
+pub fn totals(cgroup_id: u64, counters: &WorkerCounters, interval_ns: u64) -> WorkerStats {
+    worker_delta(cgroup_id, None, counters, interval_ns)
+}
+
 fn worker_delta(
     cgroup_id: u64,
     before: Option<&WorkerCounters>,

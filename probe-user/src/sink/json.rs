@@ -6,7 +6,10 @@ use probe_common::{drops::DROP_NAMES, net::FAMILY_NAMES};
 use serde::Serialize;
 
 use crate::{
-    model::{Interval, WorkerStats},
+    model::{
+        Interval, WorkerStats,
+        identity::{WorkerKind, identify},
+    },
     node::NodeFacts,
 };
 
@@ -59,6 +62,12 @@ pub struct WorkerDocument {
     pub cgroup_id: u64,
     /// Path under the cgroup2 mount; null when the cgroup is gone.
     pub path: Option<String>,
+    /// Short name read from the path (container id, unit, …).
+    pub name: Option<String>,
+    /// Kind of worker (docker, kubernetes, systemd_service, exec, cgroup, root).
+    pub kind: Option<WorkerKind>,
+    /// Ids read from the path (container_id, pod_uid, unit, …).
+    pub ids: BTreeMap<String, String>,
     /// CPU use.
     pub cpu: CpuDocument,
     /// Where the threads' time went.
@@ -197,9 +206,13 @@ impl WorkerDocument {
                 )
             })
             .collect();
+        let identity = worker.path.as_deref().map(identify);
         Self {
             cgroup_id: worker.cgroup_id,
             path: worker.path.clone(),
+            name: identity.as_ref().map(|identity| identity.name.clone()),
+            kind: identity.as_ref().map(|identity| identity.kind),
+            ids: identity.map(|identity| identity.ids).unwrap_or_default(),
             cpu: CpuDocument {
                 seconds: seconds(worker.cpu_ns()),
                 cores: worker.cpu_cores(),

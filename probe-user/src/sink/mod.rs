@@ -2,4 +2,5 @@
 //! reads. Sinks never reach back into collection.
 
 pub mod json;
+pub mod summary;
 pub mod table;

@@ -1,5 +1,8 @@
 //! The commands, wiring the stages: load → collect → model → sink.
 
+pub mod exec;
+pub mod watch;
+
 use std::io::{IsTerminal as _, Write as _};
 
 use anyhow::Context as _;
@@ -9,7 +12,7 @@ use crate::{
     cli::{ProbeArgs, SnapshotArgs, TopArgs},
     collect::{KernelCollector, Source as _},
     loader::{self, LoadOptions},
-    model,
+    model::{self, Interval, selection::Selection},
     node::NodeFacts,
     sink::{json::SnapshotDocument, table},
 };
@@ -27,6 +30,7 @@ pub fn start_collector(probe: &ProbeArgs, read_cpu_stat: bool) -> anyhow::Result
 
 /// `workerprobe top`.
 pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
+    let selection = Selection::new(&args.workers.patterns)?;
     let mut collector = start_collector(&args.probe, false)?;
     let mut previous = collector.sample()?;
     let clear_screen = std::io::stdout().is_terminal() && !args.once;
@@ -39,7 +43,8 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => return Ok(()),
         }
         let current = collector.sample()?;
-        let interval = model::diff(Some(&previous), &current);
+        let mut interval = model::diff(Some(&previous), &current);
+        keep_selected(&mut interval, &selection);
         let mut text = table::render(&interval, args.limit);
         if clear_screen {
             text.insert_str(0, "\x1b[2J\x1b[H");
@@ -63,6 +68,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
 
 /// `workerprobe snapshot`.
 pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
+    let selection = Selection::new(&args.workers.patterns)?;
     let mut collector = start_collector(&args.probe, true)?;
     let start = collector.sample()?;
     // On stderr, so stdout stays one clean document; also tells scripts the window has begun.
@@ -72,7 +78,8 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
     );
     tokio::time::sleep(args.duration).await;
     let end = collector.sample()?;
-    let interval = model::diff(Some(&start), &end);
+    let mut interval = model::diff(Some(&start), &end);
+    keep_selected(&mut interval, &selection);
     let text = if args.json {
         let document = SnapshotDocument::new(&interval, NodeFacts::read());
         serde_json::to_string_pretty(&document).context("encoding the snapshot as JSON")? + "\n"
@@ -84,4 +91,17 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
         .write_all(text.as_bytes())
         .and_then(|()| stdout.flush());
     Ok(())
+}
+
+/// Drops the workers the user did not ask for.
+fn keep_selected(interval: &mut Interval, selection: &Selection) {
+    if selection.is_all() {
+        return;
+    }
+    interval.workers.retain(|worker| {
+        worker
+            .path
+            .as_deref()
+            .is_some_and(|path| selection.matches(path))
+    });
 }

@@ -1,0 +1,167 @@
+//! `workerprobe watch`: one exit summary per worker as each one ends.
+
+use std::{
+    collections::VecDeque,
+    io::Write as _,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+
+use crate::{
+    cli::WatchArgs,
+    clock::Timestamp,
+    collect::{KernelCollector, Source as _},
+    memory::MemoryReader,
+    model::{registry::WorkerRegistry, selection::Selection, summary::ExitSummary},
+    node::NodeFacts,
+    sink::{json::SCHEMA_VERSION, summary::human_line},
+};
+
+/// How long after a cgroup is removed its summary is taken: a thread that left the cgroup on
+/// exit may still be in its last context switch on another CPU.
+const SETTLE: Duration = Duration::from_millis(100);
+/// How often the lifecycle ring buffer is read.
+const EVENT_POLL: Duration = Duration::from_millis(50);
+
+/// Follows workers' lives and reports each exit through `emit`.
+pub struct Watcher {
+    collector: KernelCollector,
+    registry: WorkerRegistry,
+    memory: MemoryReader,
+    /// Removed workers waiting to settle: (cgroup id, removed at, when to finish).
+    removed: VecDeque<(u64, u64, Instant)>,
+    boot_offset_ns: i128,
+}
+
+impl Watcher {
+    /// Watches the workers `selection` picks, with programs already attached.
+    pub fn new(collector: KernelCollector, selection: Selection) -> Self {
+        let now = Timestamp::now();
+        Self {
+            collector,
+            registry: WorkerRegistry::new(selection),
+            memory: MemoryReader::new(),
+            removed: VecDeque::new(),
+            boot_offset_ns: i128::from(now.wall_unix_ns) - i128::from(now.monotonic_ns),
+        }
+    }
+
+    /// Reads the kernel's lifecycle events; returns the summaries of workers that have
+    /// settled since.
+    pub fn poll(&mut self) -> Vec<ExitSummary> {
+        for event in self.collector.drain_events() {
+            if let Some(cgroup_id) = self.registry.apply(&event) {
+                self.removed
+                    .push_back((cgroup_id, event.at_monotonic_ns, Instant::now() + SETTLE));
+            }
+        }
+        let mut summaries = Vec::new();
+        while let Some(&(cgroup_id, removed_at_ns, due)) = self.removed.front() {
+            if due > Instant::now() {
+                break;
+            }
+            self.removed.pop_front();
+            let record = self.registry.remove(cgroup_id);
+            let counters = self.collector.finish(cgroup_id);
+            // A cgroup that never ran a thread or moved a byte was not a worker.
+            if let (Some(record), Some(counters)) = (record, counters) {
+                summaries.push(ExitSummary::new(
+                    &record,
+                    &counters,
+                    removed_at_ns,
+                    self.boot_offset_ns,
+                    None,
+                ));
+            }
+        }
+        summaries
+    }
+
+    /// Samples live workers: registers the ones made before the agent started, and keeps
+    /// their latest memory and cpu.stat for their summaries.
+    pub fn sample(&mut self) -> anyhow::Result<()> {
+        let sample = self.collector.sample()?;
+        self.registry.observe(&sample);
+        let live: Vec<(u64, String)> = self
+            .registry
+            .records()
+            .map(|record| (record.cgroup_id, record.path.clone()))
+            .collect();
+        for (cgroup_id, path) in live {
+            let dir = self.collector.cgroups().dir_of(&path);
+            if let Some(reading) = self.memory.read(&dir) {
+                self.registry.record_memory(cgroup_id, reading);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `workerprobe watch`.
+pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
+    let selection = Selection::new(&args.workers.patterns)?;
+    let collector = super::start_collector(&args.probe, true)?;
+    let mut watcher = Watcher::new(collector, selection);
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        let header = serde_json::json!({
+            "type": "header",
+            "schema_version": SCHEMA_VERSION,
+            "node": NodeFacts::read(),
+            "started": Timestamp::now().rfc3339(),
+        });
+        writeln!(stdout, "{header}").context("writing to stdout")?;
+        stdout.flush().context("writing to stdout")?;
+    }
+    eprintln!("workerprobe: attached; watching for worker exits");
+    let deadline = args.duration.map(|duration| Instant::now() + duration);
+    // Ctrl-C (SIGINT) or SIGTERM ends the watch after the last exits settle.
+    let mut interrupted = Box::pin(async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(term) => { term.recv().await; } None => std::future::pending::<()>().await } } => {}
+        }
+    });
+    let mut next_sample = Instant::now();
+    loop {
+        if Instant::now() >= next_sample {
+            watcher.sample()?;
+            next_sample = Instant::now() + args.interval;
+        }
+        for summary in watcher.poll() {
+            let line = render(&summary, args.json)?;
+            if writeln!(stdout, "{line}")
+                .and_then(|()| stdout.flush())
+                .is_err()
+            {
+                return Ok(()); // the reader went away
+            }
+        }
+        let stop = deadline.is_some_and(|deadline| Instant::now() >= deadline)
+            || tokio::select! {
+                _ = tokio::time::sleep(EVENT_POLL) => false,
+                _ = &mut interrupted => true,
+            };
+        if stop {
+            // Let removals already told settle, so none is lost at the end.
+            tokio::time::sleep(SETTLE).await;
+            for summary in watcher.poll() {
+                let _ = writeln!(stdout, "{}", render(&summary, args.json)?);
+            }
+            let _ = stdout.flush();
+            return Ok(());
+        }
+    }
+}
+
+/// One summary as a JSON line or a human line.
+fn render(summary: &ExitSummary, json: bool) -> anyhow::Result<String> {
+    Ok(if json {
+        serde_json::to_string(summary).context("encoding a summary")?
+    } else {
+        human_line(summary)
+    })
+}

@@ -1,0 +1,173 @@
+//! Memory of a worker, from the best source the host has: cgroup v2 `memory.current` /
+//! `memory.peak`; on hybrid hosts the v1 memory cgroup of the worker's processes, when it
+//! holds only them; failing both, the summed RSS of its processes (sysinfo).
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
+
+use crate::model::{MemoryReading, MemorySource};
+
+/// Reads workers' memory.
+pub struct MemoryReader {
+    /// The v1 memory controller's mount, on hybrid hosts.
+    v1_memory_mount: Option<PathBuf>,
+    system: System,
+}
+
+impl MemoryReader {
+    /// A reader for this host.
+    pub fn new() -> Self {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        Self {
+            v1_memory_mount: parse_cgroup1_memory_mount(&mountinfo),
+            system: System::new(),
+        }
+    }
+
+    /// Where the v1 memory controller is mounted, if it is.
+    pub fn v1_memory_mount(&self) -> Option<&Path> {
+        self.v1_memory_mount.as_deref()
+    }
+
+    /// Memory of the worker whose cgroup2 directory is `dir`; `None` when it has no
+    /// processes and no cgroup2 memory files.
+    pub fn read(&mut self, dir: &Path) -> Option<MemoryReading> {
+        if let Some(current_bytes) = read_u64(&dir.join("memory.current")) {
+            return Some(MemoryReading {
+                current_bytes,
+                peak_bytes: read_u64(&dir.join("memory.peak")).unwrap_or(current_bytes),
+                source: MemorySource::Cgroup2,
+            });
+        }
+        let pids = read_pids(&dir.join("cgroup.procs"));
+        if pids.is_empty() {
+            return None;
+        }
+        if let Some(reading) = self.read_v1(&pids) {
+            return Some(reading);
+        }
+        let rss = self.rss_bytes(&pids);
+        Some(MemoryReading {
+            current_bytes: rss,
+            peak_bytes: rss,
+            source: MemorySource::Rss,
+        })
+    }
+
+    /// The v1 memory cgroup of the worker's processes, if it holds nothing else.
+    fn read_v1(&self, pids: &[u32]) -> Option<MemoryReading> {
+        let mount = self.v1_memory_mount.as_ref()?;
+        let membership = fs::read_to_string(format!("/proc/{}/cgroup", pids[0])).ok()?;
+        let v1_path = parse_v1_memory_membership(&membership)?;
+        let v1_dir = mount.join(v1_path.trim_start_matches('/'));
+        let v1_pids = read_pids(&v1_dir.join("cgroup.procs"));
+        // A memory cgroup shared with other processes would not be this worker's memory.
+        if v1_pids.is_empty() || !v1_pids.iter().all(|pid| pids.contains(pid)) {
+            return None;
+        }
+        read_v1_dir(&v1_dir)
+    }
+
+    fn rss_bytes(&mut self, pids: &[u32]) -> u64 {
+        let pids: Vec<Pid> = pids.iter().map(|&pid| Pid::from_u32(pid)).collect();
+        self.system.refresh_processes_specifics(
+            ProcessesToUpdate::Some(&pids),
+            true,
+            ProcessRefreshKind::nothing().with_memory(),
+        );
+        pids.iter()
+            .filter_map(|pid| self.system.process(*pid))
+            .map(|process| process.memory())
+            .sum()
+    }
+}
+
+impl Default for MemoryReader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Reads a v1 memory cgroup directory's usage and peak.
+pub fn read_v1_dir(dir: &Path) -> Option<MemoryReading> {
+    Some(MemoryReading {
+        current_bytes: read_u64(&dir.join("memory.usage_in_bytes"))?,
+        peak_bytes: read_u64(&dir.join("memory.max_usage_in_bytes"))?,
+        source: MemorySource::Cgroup1,
+    })
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn read_pids(path: &Path) -> Vec<u32> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.trim().parse().ok())
+        .collect()
+}
+
+/// The mount point of the v1 `memory` controller in a mountinfo text.
+pub fn parse_cgroup1_memory_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (before, after) = line.split_once(" - ")?;
+        let mut fields = after.split_whitespace();
+        if fields.next()? != "cgroup" {
+            return None;
+        }
+        let super_options = fields.nth(1)?;
+        if !super_options.split(',').any(|option| option == "memory") {
+            return None;
+        }
+        Some(PathBuf::from(before.split_whitespace().nth(4)?))
+    })
+}
+
+/// The v1 memory cgroup path in a `/proc/<pid>/cgroup` text (`N:memory:/path`).
+pub fn parse_v1_memory_membership(text: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let _id = parts.next()?;
+        let controllers = parts.next()?;
+        let path = parts.next()?;
+        controllers
+            .split(',')
+            .any(|controller| controller == "memory")
+            .then(|| path.to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_v1_memory_mount() {
+        let mountinfo = "\
+35 31 0:31 / /sys/fs/cgroup/cpu rw,relatime shared:14 - cgroup cgroup rw,cpu
+38 31 0:34 / /sys/fs/cgroup/memory rw,relatime shared:17 - cgroup cgroup rw,memory
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:9 - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            parse_cgroup1_memory_mount(mountinfo),
+            Some(PathBuf::from("/sys/fs/cgroup/memory"))
+        );
+        assert_eq!(
+            parse_cgroup1_memory_mount("41 31 0:38 / /x rw - cgroup2 cgroup2 rw\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn finds_the_v1_memory_membership() {
+        let text = "9:name=systemd:/\n4:memory:/jobs/a\n0::/w\n";
+        assert_eq!(parse_v1_memory_membership(text), Some("/jobs/a".into()));
+        assert_eq!(parse_v1_memory_membership("0::/w\n"), None);
+    }
+}

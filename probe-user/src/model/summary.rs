@@ -1,0 +1,343 @@
+//! Exit summaries: one record per finished worker, with the meanings of Lithops' per-call
+//! worker stats beside workerprobe's own.
+
+use std::collections::BTreeMap;
+
+use probe_common::net::FAMILY_NAMES;
+use serde::Serialize;
+
+use super::{
+    MemorySource, WorkerCounters,
+    identity::WorkerKind,
+    registry::WorkerRecord,
+    stats::{WorkerStats, totals},
+};
+use crate::clock::rfc3339_from_unix_ns;
+
+/// A moment on the node's monotonic clock, with its wall time.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Moment {
+    /// CLOCK_MONOTONIC ns (one clock for every worker on the node).
+    pub monotonic_ns: u64,
+    /// RFC 3339 wall time.
+    pub time: String,
+}
+
+impl Moment {
+    /// A monotonic moment; `boot_offset_ns` converts it to wall time (wall = monotonic + it).
+    pub fn new(monotonic_ns: u64, boot_offset_ns: i128) -> Self {
+        let wall_ns = (i128::from(monotonic_ns) + boot_offset_ns).max(0) as u64;
+        Self {
+            monotonic_ns,
+            time: rfc3339_from_unix_ns(wall_ns),
+        }
+    }
+}
+
+/// What the summary adds when the agent ran the worker itself (`workerprobe exec`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ExecOutcome {
+    /// The command line.
+    pub command: Vec<String>,
+    /// Exit code, or 128 + signal when killed (as a shell reports it).
+    pub exit_code: i32,
+    /// The signal that killed it, if one did.
+    pub signal: Option<i32>,
+    /// Largest resident set of the command's processes (`ru_maxrss` of wait4).
+    pub max_rss_bytes: u64,
+}
+
+/// One finished worker.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ExitSummary {
+    /// Always "exit", to tell these lines apart in a stream.
+    #[serde(rename = "type")]
+    pub record_type: &'static str,
+    /// cgroup v2 id.
+    pub cgroup_id: u64,
+    /// Path relative to the cgroup2 mount.
+    pub path: String,
+    /// Short name.
+    pub name: String,
+    /// Kind of worker (docker, kubernetes, systemd_service, exec, cgroup, …).
+    pub kind: WorkerKind,
+    /// Ids read from the path (container id, pod uid, unit, …).
+    pub ids: BTreeMap<String, String>,
+    /// When the cgroup was made (or first seen: see `start_observed`).
+    pub start: Moment,
+    /// Whether `start` is when it was made; false when it existed before the agent started,
+    /// and its numbers then cover only the time since.
+    pub start_observed: bool,
+    /// When it was removed (or the command ended).
+    pub end: Moment,
+    /// end − start.
+    pub wall_seconds: f64,
+    /// CPU use.
+    pub cpu: SummaryCpu,
+    /// Where the threads' time went.
+    pub time: SummaryTime,
+    /// Socket payload.
+    pub net: SummaryNet,
+    /// Memory, when a source had it.
+    pub memory: Option<SummaryMemory>,
+    /// Context switches.
+    pub context_switches: SummarySwitches,
+    /// The same numbers under the names and units of Lithops' worker stats.
+    pub lithops: LithopsView,
+    /// For `workerprobe exec`: the command and how it ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecOutcome>,
+}
+
+/// CPU use over the worker's life.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SummaryCpu {
+    /// On-CPU seconds, all CPUs.
+    pub total_seconds: f64,
+    /// User-mode seconds from cpu.stat; null when the cgroup was gone before it was read.
+    pub user_seconds: Option<f64>,
+    /// Kernel-mode seconds from cpu.stat; null likewise.
+    pub system_seconds: Option<f64>,
+    /// On-CPU seconds per CPU, indexed by CPU number; sums to `total_seconds`.
+    pub per_cpu_seconds: Vec<f64>,
+    /// Average CPUs busy over the wall time.
+    pub cores: f64,
+}
+
+/// Time breakdown over the worker's life (thread-seconds).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SummaryTime {
+    /// Running.
+    pub on_cpu_seconds: f64,
+    /// Runnable, waiting for a CPU.
+    pub runqueue_wait_seconds: f64,
+    /// Uninterruptible sleep (D).
+    pub blocked_io_seconds: f64,
+    /// Interruptible sleep (S).
+    pub sleep_seconds: f64,
+    /// Wakeups.
+    pub wakeups: u64,
+    /// Median run-queue wait (log2 bucket upper edge).
+    pub runqueue_wait_p50_seconds: Option<f64>,
+    /// 90th percentile.
+    pub runqueue_wait_p90_seconds: Option<f64>,
+    /// 99th percentile.
+    pub runqueue_wait_p99_seconds: Option<f64>,
+}
+
+/// Socket payload over the worker's life.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SummaryNet {
+    /// Bytes sent.
+    pub sent_bytes: u64,
+    /// Bytes received.
+    pub received_bytes: u64,
+    /// Send calls.
+    pub sent_calls: u64,
+    /// Receive calls.
+    pub received_calls: u64,
+    /// Per family (families without traffic omitted): [sent, received] bytes.
+    pub families: BTreeMap<&'static str, [u64; 2]>,
+}
+
+/// Memory over the worker's life.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SummaryMemory {
+    /// Highest use known (see `source`).
+    pub peak_bytes: u64,
+    /// Last reading.
+    pub last_bytes: u64,
+    /// cgroup2, cgroup1 or rss (sampled: a peak between samples is missed).
+    pub source: MemorySource,
+}
+
+/// Context switches over the worker's life.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SummarySwitches {
+    /// Gave the CPU up (blocked, slept).
+    pub voluntary: u64,
+    /// Preempted while runnable.
+    pub involuntary: u64,
+}
+
+/// Lithops' worker stats, same names and units (seconds, bytes, % per core).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LithopsView {
+    /// % of each core used over the wall time (100 = that core all the time).
+    pub worker_func_cpu_usage: Vec<f64>,
+    /// User-mode CPU seconds.
+    pub worker_func_cpu_user_time: Option<f64>,
+    /// Kernel-mode CPU seconds.
+    pub worker_func_cpu_system_time: Option<f64>,
+    /// All CPU seconds.
+    pub worker_func_cpu_total_time: f64,
+    /// Bytes sent.
+    pub worker_func_sent_net_io: u64,
+    /// Bytes received.
+    pub worker_func_recv_net_io: u64,
+    /// Resident memory at the last reading.
+    pub worker_func_rss: Option<u64>,
+    /// Peak memory (Lithops takes ru_maxrss).
+    pub worker_peak_memory: Option<u64>,
+}
+
+fn seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+impl ExitSummary {
+    /// The summary of a worker from its record and final counters (cumulative since the
+    /// programs were loaded, or since it was made if later).
+    pub fn new(
+        record: &WorkerRecord,
+        counters: &WorkerCounters,
+        end_monotonic_ns: u64,
+        boot_offset_ns: i128,
+        exec: Option<ExecOutcome>,
+    ) -> Self {
+        let wall_ns = end_monotonic_ns.saturating_sub(record.started_at_monotonic_ns);
+        let stats: WorkerStats = totals(record.cgroup_id, counters, wall_ns);
+        let delays = &stats.delays;
+        let user_seconds = record.cpu_stat.map(|stat| stat.user_usec as f64 / 1e6);
+        let system_seconds = record.cpu_stat.map(|stat| stat.system_usec as f64 / 1e6);
+        let per_cpu_seconds: Vec<f64> =
+            stats.cpu_ns_per_cpu.iter().map(|&ns| seconds(ns)).collect();
+        let memory = record.memory.map(|reading| SummaryMemory {
+            peak_bytes: record.memory_peak_bytes.max(reading.peak_bytes),
+            last_bytes: reading.current_bytes,
+            source: reading.source,
+        });
+        let families = stats
+            .net
+            .iter()
+            .zip(FAMILY_NAMES)
+            .filter(|(family, _)| family.sent_calls + family.received_calls > 0)
+            .map(|(family, name)| (name, [family.sent_bytes, family.received_bytes]))
+            .collect();
+        let quantile = |q: f64| delays.runqueue_wait_quantile_ns(q).map(seconds);
+        let peak = memory
+            .as_ref()
+            .map(|memory| memory.peak_bytes)
+            .or(exec.as_ref().map(|exec| exec.max_rss_bytes));
+        Self {
+            record_type: "exit",
+            cgroup_id: record.cgroup_id,
+            path: record.path.clone(),
+            name: record.identity.name.clone(),
+            kind: record.identity.kind,
+            ids: record.identity.ids.clone(),
+            start: Moment::new(record.started_at_monotonic_ns, boot_offset_ns),
+            start_observed: record.start_observed,
+            end: Moment::new(end_monotonic_ns, boot_offset_ns),
+            wall_seconds: seconds(wall_ns),
+            cpu: SummaryCpu {
+                total_seconds: seconds(stats.cpu_ns()),
+                user_seconds,
+                system_seconds,
+                per_cpu_seconds: per_cpu_seconds.clone(),
+                cores: stats.cpu_cores(),
+            },
+            time: SummaryTime {
+                on_cpu_seconds: seconds(stats.cpu_ns()),
+                runqueue_wait_seconds: seconds(delays.runqueue_wait_ns),
+                blocked_io_seconds: seconds(delays.blocked_io_ns),
+                sleep_seconds: seconds(delays.sleep_ns),
+                wakeups: delays.wakeups,
+                runqueue_wait_p50_seconds: quantile(0.5),
+                runqueue_wait_p90_seconds: quantile(0.9),
+                runqueue_wait_p99_seconds: quantile(0.99),
+            },
+            net: SummaryNet {
+                sent_bytes: stats.sent_bytes(),
+                received_bytes: stats.received_bytes(),
+                sent_calls: stats.sent_calls(),
+                received_calls: stats.received_calls(),
+                families,
+            },
+            memory: memory.clone(),
+            context_switches: SummarySwitches {
+                voluntary: stats.voluntary_switches,
+                involuntary: stats.involuntary_switches,
+            },
+            lithops: LithopsView {
+                worker_func_cpu_usage: stats
+                    .cpu_cores_per_cpu()
+                    .iter()
+                    .map(|cores| cores * 100.0)
+                    .collect(),
+                worker_func_cpu_user_time: user_seconds,
+                worker_func_cpu_system_time: system_seconds,
+                worker_func_cpu_total_time: seconds(stats.cpu_ns()),
+                worker_func_sent_net_io: stats.sent_bytes(),
+                worker_func_recv_net_io: stats.received_bytes(),
+                worker_func_rss: memory.as_ref().map(|memory| memory.last_bytes),
+                worker_peak_memory: peak,
+            },
+            exec,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use probe_common::{cpu::CpuStats, net::FAMILY_IPV4};
+
+    use super::*;
+    use crate::model::{CpuStatUsec, MemoryReading, identity::identify};
+
+    #[test]
+    fn summary_carries_totals_and_the_lithops_view() {
+        let record = WorkerRecord {
+            cgroup_id: 7,
+            path: "/system.slice/job.service".into(),
+            identity: identify("/system.slice/job.service"),
+            started_at_monotonic_ns: 1_000_000_000,
+            start_observed: true,
+            memory: Some(MemoryReading {
+                current_bytes: 100,
+                peak_bytes: 300,
+                source: MemorySource::Cgroup2,
+            }),
+            memory_peak_bytes: 300,
+            cpu_stat: Some(CpuStatUsec {
+                usage_usec: 1_500_000,
+                user_usec: 1_000_000,
+                system_usec: 500_000,
+            }),
+        };
+        let mut counters = WorkerCounters {
+            cpu_per_cpu: vec![
+                CpuStats {
+                    on_cpu_ns: 1_000_000_000,
+                    voluntary_switches: 3,
+                    ..CpuStats::default()
+                },
+                CpuStats {
+                    on_cpu_ns: 500_000_000,
+                    involuntary_switches: 2,
+                    ..CpuStats::default()
+                },
+            ],
+            ..WorkerCounters::default()
+        };
+        counters.net.families[FAMILY_IPV4].sent_bytes = 1234;
+        counters.net.families[FAMILY_IPV4].sent_calls = 2;
+        let summary = ExitSummary::new(&record, &counters, 3_000_000_000, 0, None);
+        assert_eq!(summary.wall_seconds, 2.0);
+        assert_eq!(summary.cpu.total_seconds, 1.5);
+        assert_eq!(summary.cpu.per_cpu_seconds, vec![1.0, 0.5]);
+        assert_eq!(summary.cpu.cores, 0.75);
+        assert_eq!(summary.name, "job");
+        assert_eq!(summary.kind, WorkerKind::SystemdService);
+        assert_eq!(summary.lithops.worker_func_cpu_usage, vec![50.0, 25.0]);
+        assert_eq!(summary.lithops.worker_func_cpu_user_time, Some(1.0));
+        assert_eq!(summary.lithops.worker_func_sent_net_io, 1234);
+        assert_eq!(summary.lithops.worker_peak_memory, Some(300));
+        assert_eq!(summary.context_switches.voluntary, 3);
+        assert_eq!(summary.net.families["ipv4"], [1234, 0]);
+        let json = serde_json::to_value(&summary).expect("json");
+        assert_eq!(json["type"], "exit");
+        assert_eq!(json["kind"], "systemd_service");
+        assert!(json.get("exec").is_none());
+    }
+}

@@ -1,0 +1,340 @@
+//! Workers as first-class: exit summaries from the kernel's cgroup lifecycle, names from
+//! known layouts, and `workerprobe exec`.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
+
+use workerprobe::cgroup;
+use workerprobe_tests::{
+    TestCgroup, field, read_first_json_line, require_root, wait_json, workerprobe_path,
+    workload_path,
+};
+
+/// A running `workerprobe watch --json`, its output read as it comes (a full pipe would
+/// stall it).
+struct Watch {
+    agent: Child,
+    lines: std::thread::JoinHandle<Vec<String>>,
+}
+
+/// Starts `workerprobe watch --json` and returns once it is attached.
+fn start_watch(extra: &[&str]) -> Watch {
+    let mut agent = Command::new(workerprobe_path())
+        .args(["watch", "--json", "--duration", "120s"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start workerprobe watch");
+    let mut stderr = BufReader::new(agent.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    stderr.read_line(&mut line).expect("read agent stderr");
+    assert!(line.contains("attached"), "agent said {line:?}");
+    let stdout = BufReader::new(agent.stdout.take().expect("stdout"));
+    let lines = std::thread::spawn(move || stdout.lines().map_while(Result::ok).collect());
+    Watch { agent, lines }
+}
+
+/// Stops a watch (SIGINT: it settles and prints the last exits) and returns its JSON lines.
+fn stop_watch(watch: Watch) -> Vec<serde_json::Value> {
+    let Watch { mut agent, lines } = watch;
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
+    let status = agent.wait().expect("wait for watch");
+    assert!(status.success(), "watch failed: {status:?}");
+    lines
+        .join()
+        .expect("reader")
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|err| panic!("{line:?}: {err}")))
+        .collect()
+}
+
+fn exits<'a>(lines: &'a [serde_json::Value], path_prefix: &str) -> Vec<&'a serde_json::Value> {
+    lines
+        .iter()
+        .filter(|line| line["type"] == "exit")
+        .filter(|line| {
+            line["path"]
+                .as_str()
+                .is_some_and(|p| p.starts_with(path_prefix))
+        })
+        .collect()
+}
+
+#[test]
+fn five_hundred_short_workers_give_five_hundred_summaries() {
+    require_root();
+    let mount = cgroup::find_cgroup2_mount().expect("cgroup2");
+    let prefix = format!("/wp500-{}-", std::process::id());
+    let agent = start_watch(&["--workers", &format!("{prefix}*")]);
+    const WORKERS: usize = 500;
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    if index >= WORKERS {
+                        break;
+                    }
+                    let dir = mount.join(format!("{}{index}", prefix.trim_start_matches('/')));
+                    std::fs::create_dir(&dir).expect("mkdir worker");
+                    // About 50 ms of life, 20 of them computing.
+                    let mut command = Command::new(workload_path());
+                    command.args(["life", "25"]);
+                    let status = cgroup::spawn_in_cgroup(&mut command, &dir)
+                        .expect("spawn")
+                        .wait()
+                        .expect("wait");
+                    assert!(status.success());
+                    cgroup::remove_cgroup(&dir).expect("rmdir worker");
+                }
+            });
+        }
+    });
+    let lines = stop_watch(agent);
+    assert_eq!(lines[0]["type"], "header");
+    assert!(
+        lines[0]["node"]["cpus"]
+            .as_u64()
+            .is_some_and(|cpus| cpus > 0)
+    );
+    let summaries = exits(&lines, &prefix);
+    if summaries.len() != WORKERS {
+        let mut seen: Vec<&str> = summaries
+            .iter()
+            .filter_map(|s| s["path"].as_str())
+            .collect();
+        seen.sort_unstable();
+        eprintln!("{} lines; summaries for {seen:?}", lines.len());
+    }
+    assert_eq!(summaries.len(), WORKERS, "one summary per worker");
+    let mut ids: Vec<u64> = summaries
+        .iter()
+        .map(|s| s["cgroup_id"].as_u64().expect("id"))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), WORKERS, "no worker summarised twice");
+    for summary in &summaries {
+        let cpu = summary["cpu"]["total_seconds"].as_f64().expect("cpu");
+        assert!(cpu > 0.0, "a worker with no CPU: {summary}");
+        assert_eq!(summary["start_observed"], true);
+        assert!(summary["wall_seconds"].as_f64().expect("wall") > 0.0);
+        assert!(
+            summary["lithops"]["worker_func_cpu_total_time"]
+                .as_f64()
+                .expect("lithops")
+                > 0.0
+        );
+    }
+}
+
+#[test]
+fn known_layouts_are_named() {
+    require_root();
+    let mount = cgroup::find_cgroup2_mount().expect("cgroup2");
+    let root = format!("wpnames-{}", std::process::id());
+    let container = "4f3a9c1e7b2d4f3a9c1e7b2d4f3a9c1e7b2d4f3a9c1e7b2d4f3a9c1e7b2d4f3a";
+    let pod = "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d";
+    let leaves = [
+        format!("{root}/system.slice/docker-{container}.scope"),
+        format!(
+            "{root}/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{container}.scope",
+            pod.replace('-', "_")
+        ),
+        format!("{root}/system.slice/billing-worker.service"),
+    ];
+    let agent = start_watch(&["--workers", &format!("/{root}/**")]);
+    for leaf in &leaves {
+        let dir = mount.join(leaf);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let mut command = Command::new(workload_path());
+        command.args(["spin", "20", "1"]);
+        assert!(
+            cgroup::spawn_in_cgroup(&mut command, &dir)
+                .expect("spawn")
+                .wait()
+                .expect("wait")
+                .success()
+        );
+        cgroup::remove_cgroup(&dir).expect("rmdir");
+    }
+    let lines = stop_watch(agent);
+    // Remove the parents, deepest first.
+    let mut parents: Vec<_> = leaves
+        .iter()
+        .flat_map(|leaf| {
+            Path::new(leaf)
+                .ancestors()
+                .skip(1)
+                .map(Path::to_path_buf)
+                .collect::<Vec<_>>()
+        })
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    parents.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    parents.dedup();
+    for parent in parents {
+        let _ = std::fs::remove_dir(mount.join(parent));
+    }
+    let find = |suffix: &str| {
+        exits(&lines, &format!("/{root}"))
+            .into_iter()
+            .find(|s| s["path"].as_str().is_some_and(|p| p.ends_with(suffix)))
+            .unwrap_or_else(|| panic!("no summary for …{suffix} in {lines:?}"))
+            .clone()
+    };
+    let docker = find(&format!("system.slice/docker-{container}.scope"));
+    assert_eq!(docker["kind"], "docker");
+    assert_eq!(docker["ids"]["container_id"], container);
+    assert_eq!(docker["name"], &container[..12]);
+    let kube = find(&format!("cri-containerd-{container}.scope"));
+    assert_eq!(kube["kind"], "kubernetes");
+    assert_eq!(kube["ids"]["pod_uid"], pod);
+    assert_eq!(kube["ids"]["container_id"], container);
+    assert_eq!(kube["ids"]["qos"], "burstable");
+    let unit = find("billing-worker.service");
+    assert_eq!(unit["kind"], "systemd_service");
+    assert_eq!(unit["name"], "billing-worker");
+    assert_eq!(unit["ids"]["unit"], "billing-worker.service");
+}
+
+/// Runs `workerprobe exec --json --output FILE -- args…`; returns its status, its stdout and
+/// the summary.
+fn exec(args: &[&str]) -> (std::process::ExitStatus, String, serde_json::Value) {
+    let summary_file = std::env::temp_dir().join(format!("wp-exec-{}.json", std::process::id()));
+    let output = Command::new(workerprobe_path())
+        .arg("exec")
+        .arg("--json")
+        .arg("--output")
+        .arg(&summary_file)
+        .arg("--")
+        .args(args)
+        .output()
+        .expect("run workerprobe exec");
+    let text = std::fs::read_to_string(&summary_file).unwrap_or_default();
+    let _ = std::fs::remove_file(&summary_file);
+    let summary = serde_json::from_str(text.trim()).unwrap_or(serde_json::Value::Null);
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        summary,
+    )
+}
+
+#[test]
+fn exec_reports_cpu_like_cpu_stat_and_exact_bytes() {
+    require_root();
+    let mount = cgroup::find_cgroup2_mount().expect("cgroup2");
+    // Another agent attached at the same time must not matter.
+    let other = Command::new(workerprobe_path())
+        .args(["snapshot", "--duration", "30s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start another agent");
+    let receiver = TestCgroup::new("exec-recv");
+    let mut recv = receiver.spawn_workload(&["recv", "tcp", "127.0.0.1:0", "0"]);
+    let addr = read_first_json_line(&mut recv)["addr"]
+        .as_str()
+        .expect("addr")
+        .to_string();
+    // exec's cgroups live under <cgroup2>/workerprobe, whose cpu.stat keeps its removed
+    // children's usage: the kernel's own figure for the command.
+    let parent = mount.join("workerprobe");
+    std::fs::create_dir_all(&parent).expect("exec parent");
+    let before = cgroup::read_cpu_stat(&parent).expect("cpu.stat").usage_usec;
+    let script = format!(
+        "{w} spin 400 2 && {w} send tcp {addr} 30000000 1000,65536,4096",
+        w = workload_path().display()
+    );
+    let (status, stdout, summary) = exec(&["sh", "-c", &script]);
+    let after = cgroup::read_cpu_stat(&parent).expect("cpu.stat").usage_usec;
+    let received = wait_json(recv);
+    let mut other = other;
+    let _ = other.kill();
+    let _ = other.wait();
+    assert!(status.success(), "exec failed: {status:?}");
+    let sent: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("workload output")).expect("json");
+    let kernel_s = (after - before) as f64 / 1e6;
+    let ours_s = summary["cpu"]["total_seconds"].as_f64().expect("cpu");
+    eprintln!("exec: ours {ours_s}s, cpu.stat {kernel_s}s; summary {summary}");
+    assert!(kernel_s > 0.2, "the command barely ran: {kernel_s}s");
+    assert!(
+        (ours_s - kernel_s).abs() <= kernel_s * 0.02,
+        "CPU {ours_s}s vs cpu.stat {kernel_s}s"
+    );
+    assert_eq!(
+        summary["net"]["sent_bytes"].as_u64(),
+        Some(field(&sent, "sent_bytes"))
+    );
+    assert_eq!(
+        summary["net"]["sent_calls"].as_u64(),
+        Some(field(&sent, "sent_calls"))
+    );
+    assert_eq!(
+        field(&received, "received_bytes"),
+        field(&sent, "sent_bytes")
+    );
+    assert_eq!(
+        summary["lithops"]["worker_func_sent_net_io"].as_u64(),
+        Some(field(&sent, "sent_bytes"))
+    );
+    assert_eq!(summary["exec"]["exit_code"], 0);
+    assert_eq!(summary["kind"], "exec");
+    let per_cpu: f64 = summary["cpu"]["per_cpu_seconds"]
+        .as_array()
+        .expect("per cpu")
+        .iter()
+        .map(|v| v.as_f64().expect("f64"))
+        .sum();
+    assert!((per_cpu - ours_s).abs() < 1e-6);
+    assert!(
+        summary["memory"]["peak_bytes"]
+            .as_u64()
+            .is_some_and(|peak| peak > 0)
+    );
+    assert_no_exec_cgroups_left(&mount);
+}
+
+#[test]
+fn exec_passes_exit_codes_and_signals_through() {
+    require_root();
+    let mount = cgroup::find_cgroup2_mount().expect("cgroup2");
+    let (status, _, summary) = exec(&["true"]);
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(summary["exec"]["exit_code"], 0);
+    let (status, _, summary) = exec(&["sh", "-c", "exit 3"]);
+    assert_eq!(status.code(), Some(3));
+    assert_eq!(summary["exec"]["exit_code"], 3);
+    let (status, _, summary) = exec(&["sh", "-c", "kill -9 $$"]);
+    assert_eq!(status.code(), Some(128 + 9));
+    assert_eq!(summary["exec"]["signal"], 9);
+    let (status, _, _) = exec(&["/nonexistent/command"]);
+    assert_eq!(status.code(), Some(127));
+    assert_no_exec_cgroups_left(&mount);
+}
+
+fn assert_no_exec_cgroups_left(mount: &Path) {
+    let mine = format!("exec-{}", std::process::id());
+    let left: Vec<_> = std::fs::read_dir(mount.join("workerprobe"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with("exec-") && !name.starts_with(&mine))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "stray exec cgroups: {left:?}");
+}
