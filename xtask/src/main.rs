@@ -2,6 +2,7 @@
 //!
 //! Every task first runs `setup`, so a fresh Debian clone needs nothing but rustup.
 
+mod bench;
 mod cmd;
 mod setup;
 
@@ -12,7 +13,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand};
 
-/// Set up, build, run and test workerprobe.
+/// Set up, build, run, test and benchmark workerprobe.
 #[derive(Parser)]
 #[command(name = "cargo xtask", bin_name = "cargo xtask")]
 struct Cli {
@@ -27,7 +28,7 @@ enum Task {
     /// Install what building and testing need; quick when all is there.
     ///
     /// Installs nightly's rust-src, the Debian packages (LLVM 22, bpftool, iperf3, perf,
-    /// stress-ng; needs root) and bpf-linker built against LLVM 22.
+    /// stress-ng, bpftrace, python3-psutil; needs root) and bpf-linker built against LLVM 22.
     Setup,
     /// Set up, then build the workspace (the agent embeds the eBPF programs it builds).
     Build {
@@ -50,6 +51,12 @@ enum Task {
         #[arg(last = true)]
         args: Vec<OsString>,
     },
+    /// Benchmark overhead, accuracy and agent cost against a baseline and peers (needs
+    /// root; minutes). Writes BENCHMARKS.md.
+    Bench(bench::BenchArgs),
+    /// A workload the bench runs (internal).
+    #[command(hide = true, subcommand)]
+    BenchWorkload(bench::WorkloadMode),
 }
 
 fn main() -> ExitCode {
@@ -82,6 +89,8 @@ fn dispatch(cli: Cli) -> Result<()> {
         Task::Build { release } => build(release),
         Task::Run { release, args } => run(release, args),
         Task::Test { args } => test(args),
+        Task::Bench(args) => bench::bench(args),
+        Task::BenchWorkload(mode) => bench::workload(mode),
     }
 }
 
@@ -191,6 +200,11 @@ fn test_steps(extra_args: Vec<OsString>) -> Result<Vec<TestStep>> {
         .arg("--test-threads=1")
         .args(extra_args);
 
+    // A short run of `cargo xtask bench` (seconds per section) so the harness cannot rot;
+    // it fails if any section measures nothing.
+    let mut bench_smoke = cmd::cargo()?;
+    bench_smoke.args(["xtask", "bench", "--smoke"]);
+
     Ok(vec![
         TestStep {
             name: "cargo fmt --check",
@@ -211,6 +225,10 @@ fn test_steps(extra_args: Vec<OsString>) -> Result<Vec<TestStep>> {
         TestStep {
             name: "integration tests",
             command: integration,
+        },
+        TestStep {
+            name: "bench smoke",
+            command: bench_smoke,
         },
     ])
 }

@@ -21,6 +21,9 @@ const APT_PACKAGES: &[&str] = &[
     "iperf3",
     "linux-perf",
     "stress-ng",
+    // Peers `cargo xtask bench` compares against (bpftrace; psutil for /usr/bin/python3).
+    "bpftrace",
+    "python3-psutil",
 ];
 
 /// Where llvm-22-dev puts `llvm-config`, which bpf-linker's build looks up in PATH.
