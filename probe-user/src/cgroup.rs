@@ -67,7 +67,13 @@ pub fn cgroup_id(dir: &Path) -> std::io::Result<u64> {
 pub struct CgroupIndex {
     mount: PathBuf,
     paths: HashMap<u64, String>,
+    /// When the hierarchy was last walked: walks are rate-limited, since the kernel's
+    /// lifecycle events name new cgroups without one.
+    last_walk: Option<std::time::Instant>,
 }
+
+/// Least time between two walks of the hierarchy for unknown ids.
+const WALK_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl CgroupIndex {
     /// An index of the hierarchy mounted at `mount`, walked once now.
@@ -75,6 +81,7 @@ impl CgroupIndex {
         let mut index = Self {
             mount,
             paths: HashMap::new(),
+            last_walk: None,
         };
         index.rescan();
         index
@@ -87,6 +94,7 @@ impl CgroupIndex {
 
     /// Walks the whole hierarchy again; removed cgroups are forgotten.
     pub fn rescan(&mut self) {
+        self.last_walk = Some(std::time::Instant::now());
         self.paths.clear();
         let mut stack = vec![self.mount.clone()];
         while let Some(dir) = stack.pop() {
@@ -107,21 +115,35 @@ impl CgroupIndex {
         }
     }
 
-    /// The path of a cgroup id, walking the hierarchy again if the id is new. `None` when the
-    /// cgroup is gone.
-    pub fn resolve(&mut self, id: u64) -> Option<String> {
-        if !self.paths.contains_key(&id) {
+    /// Learns a cgroup's path (from the kernel's lifecycle event), without a walk.
+    pub fn insert(&mut self, id: u64, path: String) {
+        self.paths.insert(id, path);
+    }
+
+    /// Forgets a removed cgroup.
+    pub fn forget(&mut self, id: u64) {
+        self.paths.remove(&id);
+    }
+
+    /// Walks again if an id is unknown and the last walk is not too recent.
+    fn walk_for_unknown(&mut self, ids: &[u64]) {
+        let recent = self.last_walk.is_some_and(|at| at.elapsed() < WALK_EVERY);
+        if !recent && ids.iter().any(|id| !self.paths.contains_key(id)) {
             self.rescan();
         }
+    }
+
+    /// The path of a cgroup id, walking the hierarchy again if the id is new (at most every
+    /// two seconds). `None` when the cgroup is gone or not found yet.
+    pub fn resolve(&mut self, id: u64) -> Option<String> {
+        self.walk_for_unknown(&[id]);
         self.paths.get(&id).cloned()
     }
 
     /// The path of every id in `ids`, walking the hierarchy at most once.
     pub fn resolve_all(&mut self, ids: impl IntoIterator<Item = u64>) -> HashMap<u64, String> {
         let ids: Vec<u64> = ids.into_iter().collect();
-        if ids.iter().any(|id| !self.paths.contains_key(id)) {
-            self.rescan();
-        }
+        self.walk_for_unknown(&ids);
         ids.into_iter()
             .filter_map(|id| Some((id, self.paths.get(&id)?.clone())))
             .collect()

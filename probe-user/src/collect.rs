@@ -22,6 +22,9 @@ pub trait Source {
     fn sample(&mut self) -> anyhow::Result<Sample>;
 }
 
+/// Lifecycle events kept for a caller that has not asked for them.
+const MAX_PENDING_EVENTS: usize = 65_536;
+
 /// CPU counters per cgroup id, per CPU.
 type CpuPerWorker = std::collections::BTreeMap<u64, Vec<CpuStats>>;
 
@@ -40,6 +43,8 @@ pub struct KernelCollector {
     drops: PerCpuArray<MapData, u64>,
     last_switch: PerCpuArray<MapData, LastSwitch>,
     events: RingBuf<MapData>,
+    /// Lifecycle events read but not yet taken by `drain_events`.
+    pending_events: std::collections::VecDeque<LifecycleEvent>,
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
     reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
     cgroups: CgroupIndex,
@@ -76,6 +81,7 @@ impl KernelCollector {
             RingBuf::try_from(take(EVENTS_MAP)?).with_context(|| format!("map {EVENTS_MAP}"))?;
         Ok(Self {
             events,
+            pending_events: std::collections::VecDeque::new(),
             last_switch,
             reported_on_cpu_ns: std::collections::HashMap::new(),
             cpu_stats,
@@ -96,14 +102,12 @@ impl Source for KernelCollector {
             taken_at,
             ..Sample::default()
         };
+        self.pull_events();
         let (cpu_per_worker, running) = self.read_cpu_consistently()?;
         for (cgroup_id, per_cpu) in cpu_per_worker {
             sample.workers.entry(cgroup_id).or_default().cpu_per_cpu = per_cpu;
         }
-        for entry in self.net_stats.iter() {
-            let Ok((cgroup_id, per_cpu)) = entry else {
-                continue;
-            };
+        for (cgroup_id, per_cpu) in read_all(&self.net_stats, self.cpus)? {
             let net = &mut sample.workers.entry(cgroup_id).or_default().net;
             for on_cpu in per_cpu.iter() {
                 for (sum, add) in net.families.iter_mut().zip(&on_cpu.families) {
@@ -143,7 +147,13 @@ impl Source for KernelCollector {
 impl KernelCollector {
     /// Cgroups made and removed since the last call, oldest first.
     pub fn drain_events(&mut self) -> Vec<LifecycleEvent> {
-        let mut events = Vec::new();
+        self.pull_events();
+        self.pending_events.drain(..).collect()
+    }
+
+    /// Reads the lifecycle ring buffer (so it never fills while nobody asks), and learns new
+    /// cgroups' paths from it.
+    fn pull_events(&mut self) {
         while let Some(item) = self.events.next() {
             if item.len() < std::mem::size_of::<CgroupEvent>() {
                 continue;
@@ -152,14 +162,21 @@ impl KernelCollector {
             // ring buffer's 8-byte alignment.
             let event: CgroupEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             let path = String::from_utf8_lossy(event.path_bytes()).into_owned();
-            events.push(LifecycleEvent {
+            let event = LifecycleEvent {
                 cgroup_id: event.cgroup_id,
                 at_monotonic_ns: event.at_ns,
                 made: event.kind == CGROUP_MADE,
                 path: if path.is_empty() { "/".into() } else { path },
-            });
+            };
+            if event.made {
+                self.cgroups.insert(event.cgroup_id, event.path.clone());
+            }
+            // Bounded: a caller that never takes events (top) keeps only the recent ones.
+            if self.pending_events.len() >= MAX_PENDING_EVENTS {
+                self.pending_events.pop_front();
+            }
+            self.pending_events.push_back(event);
         }
-        events
     }
 
     /// The final counters of a removed worker, then its map entries are freed. `None` if it
@@ -189,6 +206,7 @@ impl KernelCollector {
         let _ = self.cpu_stats.remove(&cgroup_id);
         let _ = self.net_stats.remove(&cgroup_id);
         self.reported_on_cpu_ns.remove(&cgroup_id);
+        self.cgroups.forget(cgroup_id);
         Some(worker)
     }
 
@@ -218,14 +236,9 @@ impl KernelCollector {
         loop {
             attempt += 1;
             let before = self.read_last_switches()?;
-            let mut per_worker = CpuPerWorker::new();
-            for entry in self.cpu_stats.iter() {
-                // An entry removed between listing and lookup is simply skipped.
-                let Ok((cgroup_id, per_cpu)) = entry else {
-                    continue;
-                };
-                per_worker.insert(cgroup_id, per_cpu.to_vec());
-            }
+            let per_worker: CpuPerWorker = read_all(&self.cpu_stats, self.cpus)?
+                .into_iter()
+                .collect();
             let mut running = Vec::new();
             for (cpu, record) in before.iter().enumerate() {
                 if record.switch_count == 0 || record.next_tid == 0 {
@@ -318,5 +331,27 @@ impl KernelCollector {
             })
             .collect::<anyhow::Result<Vec<u64>>>()?;
         Ok(Drops { by_map })
+    }
+}
+
+/// Every entry of a per-CPU hash map keyed by cgroup id, in a few batched calls; key by key
+/// where the kernel lacks batch lookups.
+fn read_all<V: aya::Pod + Copy + Default>(
+    map: &PerCpuHashMap<MapData, u64, V>,
+    cpus: usize,
+) -> anyhow::Result<Vec<(u64, Vec<V>)>> {
+    use aya::maps::IterableMap as _;
+    use std::os::fd::AsFd as _;
+    let fd = map.map().fd().as_fd();
+    // SAFETY: our maps are per-CPU hashes with u64 keys and Pod values of type V.
+    match unsafe { crate::collect_batch::lookup_all_percpu::<V>(fd, cpus) } {
+        Ok(entries) => Ok(entries),
+        Err(err) if err.raw_os_error() == Some(libc::EINVAL) => Ok(map
+            .iter()
+            // An entry removed between listing and lookup is simply skipped.
+            .filter_map(Result::ok)
+            .map(|(key, per_cpu)| (key, per_cpu.to_vec()))
+            .collect()),
+        Err(err) => Err(anyhow::Error::new(err).context("reading a map")),
     }
 }

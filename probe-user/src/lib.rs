@@ -9,6 +9,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod clock;
 pub mod collect;
+mod collect_batch;
 pub mod error;
 pub mod loader;
 pub mod memory;

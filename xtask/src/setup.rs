@@ -24,6 +24,9 @@ const APT_PACKAGES: &[&str] = &[
     // Peers `cargo xtask bench` compares against (bpftrace; psutil for /usr/bin/python3).
     "bpftrace",
     "python3-psutil",
+    // Real components the tests drive: Prometheus (serve), tmux (the top terminal UI).
+    "prometheus",
+    "tmux",
 ];
 
 /// Where llvm-22-dev puts `llvm-config`, which bpf-linker's build looks up in PATH.

@@ -91,8 +91,10 @@ pub struct AgentCost {
     pub workers: usize,
     /// `workerprobe top`'s user+system CPU, % of one core.
     pub cpu_percent: f64,
-    /// Its peak RSS (VmHWM) in bytes.
+    /// Its peak RSS (VmHWM) in bytes: includes loading (parsing the kernel's BTF).
     pub peak_rss: u64,
+    /// Its RSS (VmRSS) at the end of the window, in bytes: the running agent.
+    pub rss: u64,
     /// Seconds measured.
     pub seconds: f64,
 }
@@ -752,6 +754,7 @@ fn agent_cost(
         .context("workerprobe top exited during the agent-cost window")?;
     let seconds = t0.elapsed().as_secs_f64();
     let peak_rss = sys::process_peak_rss(top.pid())?;
+    let rss = sys::process_rss(top.pid())?;
     top.stop(libc::SIGTERM, Duration::from_secs(10))?;
     // The workers die with their parent (PR_SET_PDEATHSIG); wait until the cgroups are
     // empty so they can be removed.
@@ -770,6 +773,7 @@ fn agent_cost(
         workers: count,
         cpu_percent: (c1 - c0) / seconds * 100.0,
         peak_rss,
+        rss,
         seconds,
     })
 }

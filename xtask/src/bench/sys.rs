@@ -273,13 +273,23 @@ fn clock_ticks_per_second() -> f64 {
 
 /// Peak resident set (VmHWM) of a process, in bytes.
 pub fn process_peak_rss(pid: u32) -> Result<u64> {
+    process_status_kb(pid, "VmHWM:")
+}
+
+/// Resident set now (VmRSS) of a process, in bytes.
+pub fn process_rss(pid: u32) -> Result<u64> {
+    process_status_kb(pid, "VmRSS:")
+}
+
+/// A `kB` field of /proc/<pid>/status, in bytes.
+fn process_status_kb(pid: u32, field: &str) -> Result<u64> {
     let path = format!("/proc/{pid}/status");
     let status = fs::read_to_string(&path).with_context(|| format!("could not read {path}"))?;
     status
         .lines()
         .find_map(|l| {
             let kb: u64 = l
-                .strip_prefix("VmHWM:")?
+                .strip_prefix(field)?
                 .trim()
                 .trim_end_matches("kB")
                 .trim()
@@ -287,7 +297,7 @@ pub fn process_peak_rss(pid: u32) -> Result<u64> {
                 .ok()?;
             Some(kb * 1024)
         })
-        .with_context(|| format!("no VmHWM in {path}"))
+        .with_context(|| format!("no {field} in {path}"))
 }
 
 /// CLOCK_MONOTONIC now, in seconds: the clock the Python peers timestamp their samples with.
