@@ -29,6 +29,77 @@ pub enum Command {
     /// Run a command in a fresh cgroup and print its exit summary when it ends; exits with the
     /// command's status (128 + signal if it was killed).
     Exec(ExecArgs),
+    /// Serve Prometheus metrics of every worker on /metrics (and /healthz) over HTTP.
+    Serve(ServeArgs),
+    /// Record every worker's numbers to a JSON Lines file: a header, one line per tick per
+    /// active worker, one line per worker exit.
+    Record(RecordArgs),
+    /// Show a recording as `top` would have shown it, at any recorded time.
+    Replay(ReplayArgs),
+}
+
+/// `workerprobe serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (loopback by default; name another address to expose it).
+    #[arg(long, default_value = "127.0.0.1:9464", value_parser = parse_listen)]
+    pub listen: std::net::SocketAddr,
+    /// How often the kernel maps are read for the exposition, e.g. 1s.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// How long an exited worker stays in the exposition (so its last counters are scraped)
+    /// before its series go, keeping label cardinality bounded.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub exit_grace: Duration,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+}
+
+/// `workerprobe record`.
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// The JSON Lines file to write (appended to if it exists).
+    #[arg(long, value_name = "FILE")]
+    pub out: std::path::PathBuf,
+    /// Time between ticks, e.g. 1s.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Stop after this long (default: until Ctrl-C).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Start a new file (FILE.1, FILE.2, …) when the current one reaches this many MiB.
+    #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub rotate_mb: Option<u64>,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+}
+
+/// `workerprobe replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// A recording made by `workerprobe record`.
+    pub file: std::path::PathBuf,
+    /// Show the tick at this time: seconds from the start (e.g. 30s, 2m) or an RFC 3339
+    /// time; default: every tick in turn.
+    #[arg(long)]
+    pub at: Option<String>,
+    /// Only workers whose cgroup path matches this glob.
+    #[arg(long = "worker", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
+    pub patterns: Vec<String>,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A listen address like 127.0.0.1:9464 or [::1]:9464.
+pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
+    text.parse().map_err(|_| {
+        format!("`{text}` is not a listen address; write an IP and a port, like 127.0.0.1:9464 or [::]:9464")
+    })
 }
 
 /// Which workers to report.
@@ -203,6 +274,17 @@ mod tests {
         assert!(parse_duration("fast").unwrap_err().contains("like 1s"));
         assert!(parse_interval("10ms").is_err());
         assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn listen_addresses_are_checked() {
+        assert!(parse_listen("127.0.0.1:9464").is_ok());
+        assert!(parse_listen("[::1]:80").is_ok());
+        assert!(
+            parse_listen("localhost")
+                .unwrap_err()
+                .contains("127.0.0.1:9464")
+        );
     }
 
     #[test]

@@ -236,9 +236,8 @@ impl KernelCollector {
         loop {
             attempt += 1;
             let before = self.read_last_switches()?;
-            let per_worker: CpuPerWorker = read_all(&self.cpu_stats, self.cpus)?
-                .into_iter()
-                .collect();
+            let per_worker: CpuPerWorker =
+                read_all(&self.cpu_stats, self.cpus)?.into_iter().collect();
             let mut running = Vec::new();
             for (cpu, record) in before.iter().enumerate() {
                 if record.switch_count == 0 || record.next_tid == 0 {

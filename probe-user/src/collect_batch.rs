@@ -42,7 +42,11 @@ pub unsafe fn lookup_all_percpu<V: Copy + Default>(
         let mut values = vec![0u8; chunk * cpus * stride];
         let mut out_token = 0u64;
         let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { &in_token as *const u64 as u64 },
+            in_batch: if first {
+                0
+            } else {
+                &in_token as *const u64 as u64
+            },
             out_batch: &mut out_token as *mut u64 as u64,
             keys: keys.as_mut_ptr() as u64,
             values: values.as_mut_ptr() as u64,

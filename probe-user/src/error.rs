@@ -35,9 +35,19 @@ pub enum UserError {
         "cannot make a cgroup under {0}: run as root on a host whose cgroup2 hierarchy is writable"
     )]
     NoWritableCgroup2(PathBuf),
+    /// A value the user gave is not usable (beyond what the flag parsers check).
+    #[error("{0}")]
+    BadInput(String),
     /// A path given by the user is not a cgroup under the cgroup2 mount.
     #[error(
         "{0} is not a cgroup directory under the cgroup2 mount: give a path like /sys/fs/cgroup/myworker"
     )]
     NotACgroup(PathBuf),
+}
+
+impl UserError {
+    /// Whether the user's input was at fault (exit code 2), not the machine (exit code 1).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, Self::BadInput(_) | Self::NotACgroup(_))
+    }
 }

@@ -15,4 +15,5 @@ pub mod loader;
 pub mod memory;
 pub mod model;
 pub mod node;
+pub mod recording;
 pub mod sink;

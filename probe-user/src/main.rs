@@ -16,7 +16,13 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             match err.downcast_ref::<UserError>() {
-                Some(user_error) => eprintln!("Error: {user_error}"),
+                Some(user_error) => {
+                    eprintln!("Error: {user_error}");
+                    // Bad input exits like a bad flag; a machine problem with 1.
+                    if user_error.is_bad_input() {
+                        return ExitCode::from(2);
+                    }
+                }
                 None => eprintln!("Error: {err:#}"),
             }
             ExitCode::FAILURE
@@ -29,7 +35,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
     if let Command::Exec(args) = &cli.command {
         return app::exec::exec(args);
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()?;
     runtime.block_on(async {
@@ -37,6 +44,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             Command::Top(args) => app::top(args).await,
             Command::Snapshot(args) => app::snapshot(args).await,
             Command::Watch(args) => app::watch::watch(args).await,
+            Command::Serve(args) => app::serve::serve(args).await,
+            Command::Record(args) => app::record::record(args).await,
+            Command::Replay(args) => app::replay::replay(args),
             Command::Exec(_) => Ok(()),
         }
     })?;

@@ -27,6 +27,8 @@ const APT_PACKAGES: &[&str] = &[
     // Real components the tests drive: Prometheus (serve), tmux (the top terminal UI).
     "prometheus",
     "tmux",
+    // Headless Chromium renders the HTML report in its test.
+    "chromium",
 ];
 
 /// Where llvm-22-dev puts `llvm-config`, which bpf-linker's build looks up in PATH.

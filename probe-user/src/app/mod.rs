@@ -1,6 +1,9 @@
 //! The commands, wiring the stages: load → collect → model → sink.
 
 pub mod exec;
+pub mod record;
+pub mod replay;
+pub mod serve;
 pub mod watch;
 
 use std::io::{IsTerminal as _, Write as _};
@@ -28,27 +31,73 @@ pub fn start_collector(probe: &ProbeArgs, read_cpu_stat: bool) -> anyhow::Result
     KernelCollector::new(probe, CgroupIndex::new(mount), read_cpu_stat)
 }
 
-/// `workerprobe top`.
+/// `workerprobe top`: an interactive screen on a terminal; plain tables with `--once` or when
+/// stdout is not a terminal, so the output can be piped.
 pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
+    use crossterm::event::Event;
+    use tokio::signal::unix::{SignalKind, signal};
+
+    use crate::sink::tui::{self, Action, Screen, TopView};
+
     let selection = Selection::new(&args.workers.patterns)?;
-    let mut collector = start_collector(&args.probe, false)?;
+    // The watcher frees removed workers' map entries (their summaries are not shown here).
+    let mut collector =
+        watch::Watcher::new(start_collector(&args.probe, false)?, selection.clone())
+            .without_memory();
     let mut previous = collector.sample()?;
-    let clear_screen = std::io::stdout().is_terminal() && !args.once;
     let mut ticker = tokio::time::interval(args.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await; // the first tick is immediate
+    if std::io::stdout().is_terminal() && !args.once {
+        // Made once, so a signal arriving while the screen is drawn is not missed.
+        let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+        let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+        let mut view = TopView::new(args.limit, NodeFacts::read().cpus);
+        let mut shown = Interval::default();
+        // Data flows one way: this loop samples and hands each interval to the screen.
+        // Dropping `screen` (on quit, a signal, or an error returned by `?`) restores the
+        // terminal.
+        let mut screen = Screen::start().context("taking over the terminal")?;
+        loop {
+            view.sync(&shown);
+            screen.draw(&shown, &view).context("drawing the screen")?;
+            tokio::select! {
+                _ = ticker.tick() => {
+                    let _ = collector.poll();
+                    let current = collector.sample()?;
+                    let mut interval = model::diff(Some(&previous), &current);
+                    keep_selected(&mut interval, &selection);
+                    previous = current;
+                    // Sampling goes on while paused, so the first interval after resuming is
+                    // one tick long.
+                    if !view.paused {
+                        shown = interval;
+                    }
+                }
+                event = screen.next_event() => match event {
+                    Some(Event::Key(key)) => {
+                        if tui::handle_key(&mut view, key) == Action::Quit {
+                            return Ok(());
+                        }
+                    }
+                    Some(_) => {} // a resize: the next draw fits the new size
+                    None => return Ok(()), // the terminal can no longer be read
+                },
+                _ = interrupt.recv() => return Ok(()),
+                _ = terminate.recv() => return Ok(()),
+            }
+        }
+    }
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
             _ = tokio::signal::ctrl_c() => return Ok(()),
         }
+        let _ = collector.poll();
         let current = collector.sample()?;
         let mut interval = model::diff(Some(&previous), &current);
         keep_selected(&mut interval, &selection);
-        let mut text = table::render(&interval, args.limit);
-        if clear_screen {
-            text.insert_str(0, "\x1b[2J\x1b[H");
-        }
+        let text = table::render(&interval, args.limit);
         let mut stdout = std::io::stdout().lock();
         if write!(stdout, "{text}")
             .and_then(|()| stdout.flush())
@@ -59,9 +108,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
         if args.once {
             return Ok(());
         }
-        if !clear_screen {
-            let _ = writeln!(stdout);
-        }
+        let _ = writeln!(stdout);
         previous = current;
     }
 }

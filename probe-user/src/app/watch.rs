@@ -13,7 +13,10 @@ use crate::{
     clock::Timestamp,
     collect::{KernelCollector, Source as _},
     memory::MemoryReader,
-    model::{registry::WorkerRegistry, selection::Selection, summary::ExitSummary},
+    model::{
+        Sample, WorkerCounters, registry::WorkerRegistry, selection::Selection,
+        summary::ExitSummary,
+    },
     node::NodeFacts,
     sink::{json::SCHEMA_VERSION, summary::human_line},
 };
@@ -32,6 +35,8 @@ pub struct Watcher {
     /// Removed workers waiting to settle: (cgroup id, removed at, when to finish).
     removed: VecDeque<(u64, u64, Instant)>,
     boot_offset_ns: i128,
+    /// Whether samples read live workers' memory (not needed where nobody shows it).
+    read_memory: bool,
 }
 
 impl Watcher {
@@ -44,12 +49,28 @@ impl Watcher {
             memory: MemoryReader::new(),
             removed: VecDeque::new(),
             boot_offset_ns: i128::from(now.wall_unix_ns) - i128::from(now.monotonic_ns),
+            read_memory: true,
         }
+    }
+
+    /// Skips reading memory at each sample (cheaper, for views that do not show it).
+    pub fn without_memory(mut self) -> Self {
+        self.read_memory = false;
+        self
     }
 
     /// Reads the kernel's lifecycle events; returns the summaries of workers that have
     /// settled since.
     pub fn poll(&mut self) -> Vec<ExitSummary> {
+        self.poll_with_counters()
+            .into_iter()
+            .map(|(summary, _)| summary)
+            .collect()
+    }
+
+    /// Like [`Watcher::poll`], each summary with the worker's final cumulative counters, for
+    /// sinks that export counters (the Prometheus endpoint keeps them through a grace period).
+    pub fn poll_with_counters(&mut self) -> Vec<(ExitSummary, WorkerCounters)> {
         for event in self.collector.drain_events() {
             if let Some(cgroup_id) = self.registry.apply(&event) {
                 self.removed
@@ -66,23 +87,22 @@ impl Watcher {
             let counters = self.collector.finish(cgroup_id);
             // A cgroup that never ran a thread or moved a byte was not a worker.
             if let (Some(record), Some(counters)) = (record, counters) {
-                summaries.push(ExitSummary::new(
-                    &record,
-                    &counters,
-                    removed_at_ns,
-                    self.boot_offset_ns,
-                    None,
-                ));
+                let summary =
+                    ExitSummary::new(&record, &counters, removed_at_ns, self.boot_offset_ns, None);
+                summaries.push((summary, counters));
             }
         }
         summaries
     }
 
     /// Samples live workers: registers the ones made before the agent started, and keeps
-    /// their latest memory and cpu.stat for their summaries.
-    pub fn sample(&mut self) -> anyhow::Result<()> {
+    /// their latest memory and cpu.stat for their summaries. Returns the sample.
+    pub fn sample(&mut self) -> anyhow::Result<Sample> {
         let sample = self.collector.sample()?;
         self.registry.observe(&sample);
+        if !self.read_memory {
+            return Ok(sample);
+        }
         let live: Vec<(u64, String)> = self
             .registry
             .records()
@@ -94,7 +114,22 @@ impl Watcher {
                 self.registry.record_memory(cgroup_id, reading);
             }
         }
-        Ok(())
+        Ok(sample)
+    }
+
+    /// The registry: names, start times and latest memory of live workers.
+    pub fn registry(&self) -> &WorkerRegistry {
+        &self.registry
+    }
+
+    /// The offset from the monotonic clock to wall time (wall = monotonic + offset), ns.
+    pub fn boot_offset_ns(&self) -> i128 {
+        self.boot_offset_ns
+    }
+
+    /// The collector, e.g. for drops or the cgroup index.
+    pub fn collector(&mut self) -> &mut KernelCollector {
+        &mut self.collector
     }
 }
 

@@ -2,5 +2,7 @@
 //! reads. Sinks never reach back into collection.
 
 pub mod json;
+pub mod prometheus;
 pub mod summary;
 pub mod table;
+pub mod tui;

@@ -1,0 +1,105 @@
+//! `workerprobe replay`: a recording shown as `top` showed it live.
+//!
+//! Each tick of the recording is turned back into the two cumulative samples it was
+//! measured between (`recording::Tick::samples`) and goes through the same `model::diff`
+//! and the same sinks as live output: `sink::table` for tables, `sink::json` for `--json`.
+
+use std::io::Write as _;
+
+use anyhow::Context as _;
+
+use crate::{
+    cli::ReplayArgs,
+    model::{Interval, selection::Selection},
+    recording::{
+        Segment, Tick,
+        at::{find_tick, parse_at},
+        read_recording,
+    },
+    sink::{json::SnapshotDocument, table},
+};
+
+/// Rows per table, as `top` shows by default.
+const TABLE_LIMIT: usize = 40;
+
+/// `workerprobe replay`.
+pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
+    let selection = Selection::new(&args.patterns)?;
+    let at = args
+        .at
+        .as_deref()
+        .map(parse_at)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let recording = read_recording(&args.file)?;
+    let name = args.file.display();
+    if recording.skipped_lines > 0 {
+        eprintln!(
+            "workerprobe: skipped {} corrupt lines in {name}",
+            recording.skipped_lines
+        );
+    }
+    let ticks: Vec<(&Segment, &Tick)> = recording.ticks().collect();
+    if ticks.is_empty() {
+        anyhow::bail!("{name} holds no ticks: no selected worker was active while it was recorded");
+    }
+    let shown = match (at, args.at.as_deref()) {
+        (Some(at), Some(text)) => {
+            let index = find_tick(&ticks, at, text).map_err(anyhow::Error::msg)?;
+            &ticks[index..=index]
+        }
+        _ => &ticks[..],
+    };
+    let origin_ns = ticks[0].1.start.wall_unix_ns;
+    let mut out = std::io::stdout().lock();
+    let mut previous_segment: Option<&Segment> = None;
+    for &(segment, tick) in shown {
+        let mut interval = tick.interval();
+        keep_selected(&mut interval, &selection);
+        let text = if args.json {
+            let document = SnapshotDocument::new(&interval, segment.header.node.clone());
+            serde_json::to_string(&document).context("encoding a tick as JSON")? + "\n"
+        } else {
+            let mut text = String::new();
+            if previous_segment.is_some() {
+                text.push('\n');
+            }
+            let new_run = previous_segment.is_some_and(|previous| !std::ptr::eq(previous, segment))
+                && segment.header.part == 0;
+            if new_run {
+                text += &format!(
+                    "a new run started at {} on {}\n\n",
+                    segment.header.run_started.time, segment.header.node.hostname
+                );
+            }
+            text += &format!(
+                "at {} (+{:.2}s)\n",
+                tick.end.time,
+                tick.end.wall_unix_ns.saturating_sub(origin_ns) as f64 / 1e9
+            );
+            text + &table::render(&interval, TABLE_LIMIT)
+        };
+        previous_segment = Some(segment);
+        if out
+            .write_all(text.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            return Ok(()); // the reader went away (e.g. `| head`)
+        }
+    }
+    Ok(())
+}
+
+/// Drops the workers the user did not ask for.
+fn keep_selected(interval: &mut Interval, selection: &Selection) {
+    if selection.is_all() {
+        return;
+    }
+    interval.workers.retain(|worker| {
+        worker
+            .path
+            .as_deref()
+            .is_some_and(|path| selection.matches(path))
+    });
+}

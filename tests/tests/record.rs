@@ -1,0 +1,351 @@
+//! `workerprobe record` and `workerprobe replay` end to end: whole lines after a SIGKILL,
+//! replay equal to what was measured live, and one sentence for bad input.
+
+use std::{
+    collections::HashSet,
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::Duration,
+};
+
+use workerprobe::cgroup;
+use workerprobe_tests::{
+    TestCgroup, field, read_first_json_line, require_root, wait_json, workerprobe_path,
+    workload_path,
+};
+
+/// A fresh path in the temp directory for this test.
+fn temp_file(name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("wp-record-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+/// Starts `workerprobe record --out out` with `extra` flags and returns once it records.
+fn start_record(out: &Path, extra: &[&str]) -> Child {
+    let mut agent = Command::new(workerprobe_path())
+        .arg("record")
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start workerprobe record");
+    let mut stderr = BufReader::new(agent.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    stderr.read_line(&mut line).expect("read agent stderr");
+    assert!(
+        line.contains(&format!("recording to {}", out.display())),
+        "agent said {line:?}"
+    );
+    agent
+}
+
+/// Sends `signal` to a child.
+fn signal(child: &Child, signal: i32) {
+    // SAFETY: kill(2) on our own child's pid.
+    let rc = unsafe { libc::kill(child.id() as i32, signal) };
+    assert_eq!(rc, 0, "kill {}", child.id());
+}
+
+/// Every line of a recording, parsed; panics on a line that is not JSON of a known type.
+fn read_lines(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).expect("read recording");
+    assert!(text.ends_with('\n'), "the recording ends inside a line");
+    text.lines()
+        .enumerate()
+        .map(|(number, line)| {
+            let value: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|err| panic!("line {} is not JSON ({err}): {line:?}", number + 1));
+            assert!(
+                matches!(value["type"].as_str(), Some("header" | "tick" | "exit")),
+                "line {} has no known type: {line}",
+                number + 1
+            );
+            assert_eq!(value["schema_version"], 1, "line {}: {line}", number + 1);
+            value
+        })
+        .collect()
+}
+
+fn replay(args: &[&str]) -> Output {
+    Command::new(workerprobe_path())
+        .arg("replay")
+        .args(args)
+        .output()
+        .expect("run workerprobe replay")
+}
+
+fn stderr_of(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn a_recording_killed_mid_run_holds_only_whole_lines() {
+    require_root();
+    let mount = cgroup::find_cgroup2_mount().expect("cgroup2");
+    let out = temp_file("killed.jsonl");
+    let agent = start_record(&out, &["--interval", "200ms"]);
+    // A long worker busy throughout, and short ones made and removed, for exit lines.
+    let busy = TestCgroup::new("rec-busy");
+    let mut spin = busy.spawn_workload(&["spin", "5000", "1"]);
+    for index in 0..12 {
+        let dir = mount.join(format!("wp-rec-kill-{}-{index}", std::process::id()));
+        std::fs::create_dir(&dir).expect("mkdir worker");
+        let mut command = Command::new(workload_path());
+        command.args(["life", "40"]);
+        let status = cgroup::spawn_in_cgroup(&mut command, &dir)
+            .expect("spawn")
+            .wait()
+            .expect("wait");
+        assert!(status.success());
+        cgroup::remove_cgroup(&dir).expect("rmdir worker");
+    }
+    std::thread::sleep(Duration::from_millis(350));
+    signal(&agent, libc::SIGKILL);
+    let mut agent = agent;
+    let status = agent.wait().expect("wait for record");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL)
+    );
+    let _ = spin.kill();
+    let _ = spin.wait();
+
+    let lines = read_lines(&out);
+    assert_eq!(lines[0]["type"], "header");
+    assert_eq!(lines[0]["format"], "workerprobe-recording");
+    let ticks = lines.iter().filter(|line| line["type"] == "tick").count();
+    let exits = lines.iter().filter(|line| line["type"] == "exit").count();
+    assert!(ticks > 0 && exits > 0, "{ticks} ticks and {exits} exits");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["type"] == "tick" && line["cgroup_id"] == busy.id),
+        "the busy worker has no tick line"
+    );
+
+    // The killed recording replays, and a new run appends after it on a line of its own.
+    let output = replay(&[out.to_str().expect("utf-8")]);
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    let mut again = start_record(&out, &["--interval", "200ms", "--duration", "600ms"]);
+    assert!(again.wait().expect("wait").success());
+    let lines = read_lines(&out);
+    let headers = lines.iter().filter(|line| line["type"] == "header").count();
+    assert_eq!(headers, 2);
+    let output = replay(&["--json", out.to_str().expect("utf-8")]);
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    assert!(stderr_of(&output).is_empty(), "{}", stderr_of(&output));
+    let _ = std::fs::remove_file(&out);
+}
+
+/// Sums one worker's numbers over every document `replay --json` printed.
+fn replayed_sum(documents: &[serde_json::Value], id: u64, pointer: &str) -> f64 {
+    documents
+        .iter()
+        .flat_map(|document| document["workers"].as_array().expect("workers").iter())
+        .filter(|worker| worker["cgroup_id"] == id)
+        .map(|worker| {
+            worker
+                .pointer(pointer)
+                .and_then(|v| v.as_f64())
+                .unwrap_or(0.0)
+        })
+        .sum()
+}
+
+#[test]
+fn replay_reproduces_the_live_totals() {
+    require_root();
+    let sender = TestCgroup::new("rec-send");
+    let receiver = TestCgroup::new("rec-recv");
+    let out = temp_file("totals.jsonl");
+    let pattern = format!("*workerprobe-test-{}-rec-*", std::process::id());
+    let agent = start_record(&out, &["--interval", "200ms", "--workers", &pattern]);
+
+    let mut recv = receiver.spawn_workload(&["recv", "tcp", "127.0.0.1:0", "0"]);
+    let addr = read_first_json_line(&mut recv)["addr"]
+        .as_str()
+        .expect("addr")
+        .to_string();
+    let send = sender.spawn_workload(&["send", "tcp", &addr, "5000000", "4096,65536"]);
+    let sent = wait_json(send);
+    let received = wait_json(recv);
+    let spin = sender.spawn_workload(&["spin", "600", "2"]);
+    assert!(spin.wait_with_output().expect("wait").status.success());
+    // Two more ticks, so the workers' last moments are recorded.
+    std::thread::sleep(Duration::from_millis(500));
+    let sender_usage_seconds = sender.cpu_stat().usage_usec as f64 / 1e6;
+    signal(&agent, libc::SIGINT);
+    let mut agent = agent;
+    assert!(agent.wait().expect("wait").success(), "record failed");
+
+    let lines = read_lines(&out);
+    let last_tick = |id: u64| {
+        lines
+            .iter()
+            .rev()
+            .find(|line| line["type"] == "tick" && line["cgroup_id"] == id)
+            .unwrap_or_else(|| panic!("no tick line of {id}"))
+            .clone()
+    };
+    let sender_last = last_tick(sender.id);
+    let receiver_last = last_tick(receiver.id);
+    for line in lines.iter().filter(|line| line["type"] == "tick") {
+        let path = line["path"].as_str().expect("path");
+        assert!(path.contains("-rec-"), "--workers let {path} in");
+    }
+    // The recorded totals are what the workloads did.
+    assert_eq!(
+        sender_last["totals"]["sent_bytes"].as_u64(),
+        Some(field(&sent, "sent_bytes"))
+    );
+    assert_eq!(
+        sender_last["totals"]["families"]["ipv4"]["sent_calls"].as_u64(),
+        Some(field(&sent, "sent_calls"))
+    );
+    assert_eq!(
+        receiver_last["totals"]["received_bytes"].as_u64(),
+        Some(field(&received, "received_bytes"))
+    );
+
+    let output = replay(&["--json", out.to_str().expect("utf-8")]);
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    let documents: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON document per line"))
+        .collect();
+    assert!(documents.len() >= 3, "{} documents", documents.len());
+    let mut windows = HashSet::new();
+    for document in &documents {
+        assert_eq!(document["schema_version"], 1);
+        assert!(windows.insert(document["window"]["end_monotonic_ns"].as_u64()));
+    }
+    // Replayed, the ticks add up to the live totals: bytes to the byte, CPU to the ns.
+    let sent_bytes = replayed_sum(&documents, sender.id, "/net/sent_bytes");
+    assert_eq!(sent_bytes as u64, field(&sent, "sent_bytes"));
+    let received_bytes = replayed_sum(&documents, receiver.id, "/net/received_bytes");
+    assert_eq!(received_bytes as u64, field(&received, "received_bytes"));
+    let cpu_seconds = replayed_sum(&documents, sender.id, "/cpu/seconds");
+    let recorded_seconds = sender_last["totals"]["on_cpu_ns"].as_u64().expect("ns") as f64 / 1e9;
+    assert!(
+        (cpu_seconds - recorded_seconds).abs() < 1e-6,
+        "replayed {cpu_seconds}s vs recorded {recorded_seconds}s"
+    );
+    assert!(
+        (cpu_seconds - sender_usage_seconds).abs() / sender_usage_seconds < 0.02,
+        "replayed CPU {cpu_seconds}s vs cpu.stat {sender_usage_seconds}s"
+    );
+
+    // --worker keeps one worker; --at picks one tick and shows the same table as top.
+    let sender_name = sender
+        .dir
+        .file_name()
+        .expect("name")
+        .to_str()
+        .expect("utf-8");
+    let output = replay(&[
+        "--json",
+        "--worker",
+        sender_name,
+        out.to_str().expect("utf-8"),
+    ]);
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let document: serde_json::Value = serde_json::from_str(line).expect("json");
+        for worker in document["workers"].as_array().expect("workers") {
+            assert_eq!(worker["cgroup_id"], sender.id);
+        }
+    }
+    let output = replay(&["--at", "0.1", out.to_str().expect("utf-8")]);
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("workers active:") && text.contains("CPU-TOTAL"),
+        "{text}"
+    );
+    assert_eq!(text.matches("workers active:").count(), 1, "{text}");
+    let output = replay(&["--at", "10h", out.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr_of(&output).contains("is outside the recording, which runs from"),
+        "{}",
+        stderr_of(&output)
+    );
+    let _ = std::fs::remove_file(&out);
+}
+
+#[test]
+fn a_bad_interval_names_the_flag_and_exits_2() {
+    let out = temp_file("bad-interval.jsonl");
+    let output = Command::new(workerprobe_path())
+        .arg("record")
+        .arg("--out")
+        .arg(&out)
+        .args(["--interval", "10ms"])
+        .output()
+        .expect("run workerprobe record");
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(2), "stderr: {stderr}");
+    assert!(stderr.contains("--interval"), "{stderr}");
+    assert!(stderr.contains("100ms minimum"), "{stderr}");
+    assert!(!out.exists(), "a refused run made {}", out.display());
+}
+
+#[test]
+fn empty_foreign_and_missing_files_are_refused_with_one_sentence() {
+    let empty = temp_file("empty.jsonl");
+    std::fs::write(&empty, "").expect("write");
+    let foreign = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let missing = temp_file("missing.jsonl");
+    let cases = [
+        (empty.clone(), "is empty: it holds no recording"),
+        (
+            foreign,
+            "is not a workerprobe recording (its first line is not a header)",
+        ),
+        (missing, "cannot open the recording"),
+    ];
+    for (path, expected) in cases {
+        let output = replay(&[path.to_str().expect("utf-8")]);
+        let stderr = stderr_of(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{}: {stderr}",
+            path.display()
+        );
+        assert_eq!(stderr.lines().count(), 1, "one sentence: {stderr}");
+        assert!(stderr.contains(expected), "{}: {stderr}", path.display());
+        assert!(output.stdout.is_empty());
+    }
+    let _ = std::fs::remove_file(&empty);
+}
+
+#[test]
+fn a_corrupt_line_is_skipped_and_counted() {
+    require_root();
+    let out = temp_file("corrupt.jsonl");
+    let mut agent = start_record(&out, &["--interval", "200ms", "--duration", "1s"]);
+    assert!(agent.wait().expect("wait").success());
+    let text = std::fs::read_to_string(&out).expect("read");
+    let mut lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() >= 3, "{text}");
+    let middle = lines.len() / 2;
+    let cut = &lines[middle][..lines[middle].len() / 2];
+    lines.insert(middle, cut);
+    lines.insert(middle, "\u{1}\u{2} not json");
+    std::fs::write(&out, lines.join("\n") + "\n").expect("write");
+
+    let output = replay(&[out.to_str().expect("utf-8")]);
+    let stderr = stderr_of(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        format!("workerprobe: skipped 2 corrupt lines in {}", out.display())
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("workers active:"));
+    let _ = std::fs::remove_file(&out);
+}

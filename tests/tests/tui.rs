@@ -1,0 +1,338 @@
+//! `workerprobe top` as a person sees it: the interactive screen in a real terminal (a tmux
+//! pane), driven by keys; and the plain tables it still prints when piped.
+//!
+//! Needs root and tmux (`cargo xtask setup` installs it). Never skips.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use workerprobe_tests::{TestCgroup, require_root, workerprobe_path};
+
+/// The start of the key help line, which the screen shows once it is up.
+const KEY_HELP: &str = "↑/↓ select   sort: c CPU%";
+
+/// How long the agent may take to load its programs and draw.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a key may take to show on screen (a few 500ms ticks).
+const KEY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A tmux server of its own (so no user configuration or session is touched) running one
+/// command in a 160x40 pane. Dropping it kills the server, and with it the command.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    /// Starts `command` (run by `sh -c`) in a detached session named for this process and
+    /// `test`, so tests running side by side each have their own server. The pane stays after
+    /// the command exits, so its exit and the terminal state it left can be read.
+    fn start(test: &str, command: &str) -> Self {
+        require_root();
+        let found = Command::new("tmux").arg("-V").output();
+        assert!(
+            found.is_ok_and(|output| output.status.success()),
+            "tmux is missing: these tests drive `workerprobe top` in a real terminal; install it \
+             (`cargo xtask setup` does, or `apt-get install -y tmux`)"
+        );
+        let name = format!("wp-tui-{}-{test}", std::process::id());
+        let tmux = Self {
+            socket: name.clone(),
+        };
+        // One tmux invocation: remain-on-exit is set before the session's command starts.
+        tmux.run(&[
+            "start-server",
+            ";",
+            "set-option",
+            "-g",
+            "remain-on-exit",
+            "on",
+            ";",
+            "new-session",
+            "-d",
+            "-s",
+            &name,
+            "-x",
+            "160",
+            "-y",
+            "40",
+            command,
+        ]);
+        tmux
+    }
+
+    /// Runs a tmux command against this server; panics naming it if it fails.
+    fn run(&self, args: &[&str]) -> String {
+        let output = self
+            .command(args)
+            .output()
+            .unwrap_or_else(|err| panic!("run tmux {args:?}: {err}"));
+        assert!(
+            output.status.success(),
+            "tmux {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new("tmux");
+        // -u: the pane holds UTF-8 (arrows, bars); -f /dev/null: no user configuration.
+        command
+            .args(["-u", "-f", "/dev/null", "-L", &self.socket])
+            .args(args);
+        command
+    }
+
+    /// The text of the pane.
+    fn capture(&self) -> String {
+        self.run(&["capture-pane", "-p", "-t", &self.socket])
+    }
+
+    /// Sends keys (tmux key names: `w`, `Enter`, `C-c`, or literal text).
+    fn send(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", &self.socket];
+        args.extend_from_slice(keys);
+        self.run(&args);
+    }
+
+    /// Whether the pane's command has exited.
+    fn pane_dead(&self) -> bool {
+        self.run(&["display-message", "-p", "-t", &self.socket, "#{pane_dead}"])
+            .trim()
+            == "1"
+    }
+
+    /// Waits until the pane shows what `ready` accepts; panics with the pane's text if it does
+    /// not within `timeout`.
+    fn wait_for(&self, what: &str, timeout: Duration, ready: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let screen = self.capture();
+            if ready(&screen) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline && !self.pane_dead(),
+                "waited {timeout:?} for {what}; the pane shows:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until the command has exited and returns the pane's text, history included;
+    /// panics with the pane's text if it does not exit.
+    fn wait_exit(&self, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        while !self.pane_dead() {
+            assert!(
+                Instant::now() < deadline,
+                "workerprobe top did not exit within {timeout:?}; the pane shows:\n{}",
+                self.capture()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // With the history: leaving the alternate screen may scroll the shell's first line
+        // out of view.
+        self.run(&["capture-pane", "-p", "-S", "-", "-t", &self.socket])
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        // Ends the session and its command whatever happened (SIGHUP to the pane).
+        let _ = self.command(&["kill-server"]).output();
+    }
+}
+
+/// A workload that is stopped when the test ends, passed or not, so its cgroup can go.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `workerprobe top` in the pane, then what the terminal was left like: its exit status
+/// and `stty -a`, which shows whether raw mode was undone.
+fn top_in_tmux(test: &str) -> Tmux {
+    let agent = workerprobe_path();
+    Tmux::start(
+        test,
+        &format!(
+            "'{}' top --interval 500ms; echo \"top exited: $?\"; stty -a",
+            agent.display()
+        ),
+    )
+}
+
+/// The first line of the pane: workers, interval, drops, CPUs, sort and filter.
+fn header(screen: &str) -> &str {
+    screen.lines().next().unwrap_or_default()
+}
+
+/// Asserts `top` exited with 0 and left the terminal as it found it: off the alternate
+/// screen (the table is gone) and out of raw mode (line editing, echo and signals back on).
+fn assert_terminal_restored(screen: &str) {
+    assert!(
+        screen.contains("top exited: 0"),
+        "pane after exit:\n{screen}"
+    );
+    assert!(
+        !screen.contains(KEY_HELP),
+        "the screen was left on the TUI:\n{screen}"
+    );
+    let stty: Vec<&str> = screen.split_whitespace().collect();
+    for flag in ["icanon", "echo", "isig", "opost"] {
+        assert!(
+            stty.contains(&flag),
+            "`{flag}` is off after top exited (raw mode left on):\n{screen}"
+        );
+    }
+}
+
+#[test]
+fn top_screen_sorts_filters_and_quits_cleanly() {
+    require_root();
+    // A worker known to be busy, with a name no other cgroup has, to filter on.
+    let cgroup = TestCgroup::new("tui-spin");
+    let name = cgroup
+        .dir
+        .file_name()
+        .and_then(|name| name.to_str())
+        .expect("cgroup name")
+        .to_string();
+    let _spin = KillOnDrop(cgroup.spawn_workload(&["spin", "60000", "1"]));
+    let tmux = top_in_tmux("keys");
+
+    let screen = tmux.wait_for("the screen with the worker", START_TIMEOUT, |screen| {
+        screen.contains(KEY_HELP) && screen.contains(&name)
+    });
+    let footer = screen
+        .lines()
+        .find(|line| line.starts_with(KEY_HELP))
+        .expect("key help line");
+    for keys in [
+        "w RUNQ%", "i IO%", "l SLEEP%", "s SEND/s", "r RECV/s", "/ filter", "q quit",
+    ] {
+        assert!(footer.contains(keys), "{keys:?} missing in {footer:?}");
+    }
+    assert!(header(&screen).starts_with("workers active: "), "{screen}");
+    assert!(header(&screen).contains("node CPUs: "), "{screen}");
+    assert!(header(&screen).contains("sort: CPU%"), "{screen}");
+    assert!(screen.contains("CPU%▼"), "{screen}");
+    assert!(screen.contains("per-CPU cores, total "), "{screen}");
+
+    tmux.send(&["w"]);
+    let screen = tmux.wait_for("sorting by run-queue wait", KEY_TIMEOUT, |screen| {
+        header(screen).contains("sort: RUNQ%")
+    });
+    assert!(
+        screen.contains("RUNQ%▼") && !screen.contains("CPU%▼"),
+        "{screen}"
+    );
+
+    tmux.send(&["/"]);
+    tmux.send(&["-l", &name]);
+    tmux.send(&["Enter"]);
+    let screen = tmux.wait_for("the filter", KEY_TIMEOUT, |screen| {
+        header(screen).contains(&format!("filter: {name}")) && screen.contains(KEY_HELP)
+    });
+    // Only the test worker is left: it is the one row, selected, with its detail below.
+    let rows: Vec<&str> = screen
+        .lines()
+        .skip(2)
+        .take_while(|line| !line.trim().is_empty())
+        .collect();
+    assert_eq!(rows.len(), 1, "{screen}");
+    assert!(rows[0].starts_with(&format!("▶/{name}")), "{screen}");
+    assert!(screen.contains(&format!("┌ /{name} ─")), "{screen}");
+    assert!(screen.contains("cpu0 "), "{screen}");
+    assert!(screen.contains("runq p50 "), "{screen}");
+
+    tmux.send(&["q"]);
+    let screen = tmux.wait_exit(KEY_TIMEOUT);
+    assert_terminal_restored(&screen);
+}
+
+#[test]
+fn ctrl_c_leaves_the_terminal_usable() {
+    require_root();
+    let tmux = top_in_tmux("ctrl-c");
+    tmux.wait_for("the screen", START_TIMEOUT, |screen| {
+        screen.contains(KEY_HELP)
+    });
+    // Mid-filter, where every other key is text.
+    tmux.send(&["/", "x"]);
+    tmux.wait_for("the filter prompt", KEY_TIMEOUT, |screen| {
+        screen.contains("filter: x▏")
+    });
+    tmux.send(&["C-c"]);
+    let screen = tmux.wait_exit(KEY_TIMEOUT);
+    assert_terminal_restored(&screen);
+}
+
+#[test]
+fn piped_and_once_output_are_plain_tables() {
+    require_root();
+    let once = Command::new(workerprobe_path())
+        .args(["top", "--once", "--interval", "200ms"])
+        .output()
+        .expect("run workerprobe top --once");
+    assert!(once.status.success(), "top --once failed: {once:?}");
+    let text = String::from_utf8(once.stdout).expect("utf-8");
+    assert!(text.starts_with("workers active: "), "{text}");
+    assert!(
+        text.lines()
+            .nth(1)
+            .is_some_and(|line| line.starts_with("WORKER ")),
+        "{text}"
+    );
+    assert!(
+        !text.contains('\x1b'),
+        "escape sequences in piped output: {text:?}"
+    );
+
+    // Without --once into a pipe: table after table, and an exit once the reader goes.
+    let mut agent = Command::new(workerprobe_path())
+        .args(["top", "--interval", "200ms"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start workerprobe top");
+    let mut lines = BufReader::new(agent.stdout.take().expect("stdout")).lines();
+    let mut tables = 0;
+    while tables < 2 {
+        let line = lines
+            .next()
+            .expect("top stopped printing")
+            .expect("read top output");
+        assert!(
+            !line.contains('\x1b'),
+            "escape sequences in piped output: {line:?}"
+        );
+        if line.starts_with("workers active: ") {
+            tables += 1;
+        }
+    }
+    drop(lines); // like `| head` closing the pipe
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = agent.try_wait().expect("wait for top") {
+            assert!(
+                status.success(),
+                "top ended with {status} after its reader went"
+            );
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = agent.kill();
+            panic!("top kept running after its reader went away");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
