@@ -36,6 +36,14 @@ pub enum Command {
     Record(RecordArgs),
     /// Show a recording as `top` would have shown it, at any recorded time.
     Replay(ReplayArgs),
+    /// Draw a recording as one SVG: a Gantt of worker lives, then per worker CPU cores, the
+    /// time breakdown, send and receive rates and memory, on the node's clock.
+    Plot(PlotArgs),
+    /// Write a recording as Chrome / Perfetto trace-event JSON (ui.perfetto.dev,
+    /// chrome://tracing): a track per worker life, counter tracks for CPU, bytes and delays.
+    Trace(TraceArgs),
+    /// Write one self-contained HTML page: the plots and sortable tables of exit summaries.
+    Report(ReportArgs),
 }
 
 /// `workerprobe serve`.
@@ -93,6 +101,56 @@ pub struct ReplayArgs {
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+}
+
+/// What `plot`, `trace` and `report` read, and which part of it.
+#[derive(Debug, Args)]
+pub struct PictureArgs {
+    /// A recording made by `workerprobe record`.
+    pub file: std::path::PathBuf,
+    /// The file to write.
+    #[arg(long, value_name = "FILE")]
+    pub out: std::path::PathBuf,
+    /// Only workers whose cgroup path matches this glob (repeat for several).
+    #[arg(long = "worker", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
+    pub patterns: Vec<String>,
+    /// Start at this time: seconds from the start (e.g. 30s, 2m, 45) or an RFC 3339 time.
+    #[arg(long, value_name = "T", value_parser = crate::app::plot::parse_time)]
+    pub from: Option<crate::recording::at::At>,
+    /// End at this time, written as for --from.
+    #[arg(long, value_name = "T", value_parser = crate::app::plot::parse_time)]
+    pub to: Option<crate::recording::at::At>,
+}
+
+/// `workerprobe plot`.
+#[derive(Debug, Args)]
+pub struct PlotArgs {
+    #[command(flatten)]
+    pub input: PictureArgs,
+    /// How many workers (the busiest by CPU time) get a series in the per-worker panels;
+    /// the Gantt always shows every worker.
+    #[arg(long, default_value_t = crate::sink::picture::svg::DEFAULT_BUSIEST, value_parser = clap::value_parser!(u16).range(1..=200))]
+    pub busiest: u16,
+    /// One CPU panel per CPU (cores of that CPU each worker used) instead of total cores.
+    #[arg(long)]
+    pub per_cpu: bool,
+}
+
+/// `workerprobe trace`.
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub input: PictureArgs,
+}
+
+/// `workerprobe report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub input: PictureArgs,
+    /// How many workers (the busiest) get a series in the plots' per-worker panels.
+    #[arg(long, default_value_t = crate::sink::picture::svg::DEFAULT_BUSIEST, value_parser = clap::value_parser!(u16).range(1..=200))]
+    pub busiest: u16,
 }
 
 /// A listen address like 127.0.0.1:9464 or [::1]:9464.

@@ -47,6 +47,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             Command::Serve(args) => app::serve::serve(args).await,
             Command::Record(args) => app::record::record(args).await,
             Command::Replay(args) => app::replay::replay(args),
+            Command::Plot(args) => app::plot::plot(args),
+            Command::Trace(args) => app::trace::trace(args),
+            Command::Report(args) => app::report::report(args),
             Command::Exec(_) => Ok(()),
         }
     })?;

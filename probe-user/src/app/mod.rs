@@ -1,9 +1,12 @@
 //! The commands, wiring the stages: load → collect → model → sink.
 
 pub mod exec;
+pub mod plot;
 pub mod record;
 pub mod replay;
+pub mod report;
 pub mod serve;
+pub mod trace;
 pub mod watch;
 
 use std::io::{IsTerminal as _, Write as _};

@@ -2,6 +2,7 @@
 //! reads. Sinks never reach back into collection.
 
 pub mod json;
+pub mod picture;
 pub mod prometheus;
 pub mod summary;
 pub mod table;

@@ -1,0 +1,72 @@
+//! Pictures of a recording: `workerprobe plot` (SVG), `trace` (Chrome / Perfetto trace-event
+//! JSON) and `report` (one self-contained HTML page).
+//!
+//! Data flows one way: the recording's reader → [`series::build`], a pure model of series
+//! per worker on the node's clock → one sink per format ([`svg`], [`trace`], [`html`]).
+//! Nothing here reads files or the kernel; `app::{plot, trace, report}` do the I/O.
+
+pub mod html;
+pub mod series;
+pub mod svg;
+pub mod trace;
+
+/// Bytes for a person, in SI units (powers of 1000, so a log axis reads 1 MB, 10 MB, 100 MB):
+/// `512 B`, `0.5 B`, `1.50 kB`, `25.0 MB`, `1.00 GB`.
+pub fn format_bytes(bytes: f64) -> String {
+    const UNITS: [&str; 6] = ["B", "kB", "MB", "GB", "TB", "PB"];
+    if !bytes.is_finite() {
+        return "-".into();
+    }
+    let mut value = bytes;
+    let mut unit = 0;
+    while value.abs() >= 1000.0 && unit + 1 < UNITS.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if value == value.round() && (unit == 0 || value.abs() >= 100.0) {
+        format!("{value:.0} {}", UNITS[unit])
+    } else if value.abs() < 10.0 {
+        // Small values keep two digits (axis steps of 0.2 B/s stay apart).
+        let text = format!("{value:.2}");
+        format!(
+            "{} {}",
+            text.trim_end_matches('0').trim_end_matches('.'),
+            UNITS[unit]
+        )
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Seconds for a label: at most 3 decimals, trailing zeros dropped (`1.5`, `0.2`, `12`).
+pub fn format_seconds(seconds: f64) -> String {
+    let text = format!("{seconds:.3}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    if text == "-0" {
+        "0".into()
+    } else {
+        text.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_and_seconds_read_well() {
+        assert_eq!(format_bytes(0.0), "0 B");
+        assert_eq!(format_bytes(512.0), "512 B");
+        assert_eq!(format_bytes(0.4), "0.4 B");
+        assert_eq!(format_bytes(1500.0), "1.5 kB");
+        assert_eq!(format_bytes(1e6), "1 MB");
+        assert_eq!(format_bytes(25.04e6), "25.0 MB");
+        assert_eq!(format_bytes(3.162e6), "3.16 MB");
+        assert_eq!(format_bytes(4096.0), "4.1 kB");
+        assert_eq!(format_bytes(f64::NAN), "-");
+        assert_eq!(format_seconds(1.5), "1.5");
+        assert_eq!(format_seconds(12.0), "12");
+        assert_eq!(format_seconds(0.2004), "0.2");
+        assert_eq!(format_seconds(-0.0001), "0");
+    }
+}

@@ -1,0 +1,750 @@
+//! The pure model behind every picture: a recording turned into series per worker, on one
+//! time axis.
+//!
+//! Time is the node's monotonic clock (the one every worker shares), in seconds from the
+//! start of the recording's first tick; `--from`/`--to` pick a window of it. Each tick a
+//! worker was active in becomes one [`TickPoint`] (rates over the tick's interval, memory at
+//! its end); its life span comes from its exit line when there is one, else from its first
+//! and last ticks. Nothing here reads a file or the kernel: tests build recordings from text.
+
+use std::collections::HashMap;
+
+use crate::{
+    model::selection::Selection,
+    node::NodeFacts,
+    recording::{Recording, at::At, line::ExitLine},
+};
+
+/// Two ticks closer than this (seconds) are one continuous stretch: consecutive samples
+/// share their moment exactly, so this only absorbs rounding.
+const CONTIGUOUS_SECONDS: f64 = 1e-6;
+
+/// What to draw: which workers and which stretch of time.
+#[derive(Clone, Debug)]
+pub struct Choice {
+    /// The workers asked for (`--worker`).
+    pub selection: Selection,
+    /// Start of the window (`--from`); default: the start of the first tick.
+    pub from: Option<At>,
+    /// End of the window (`--to`); default: the end of the last tick or exit.
+    pub to: Option<At>,
+}
+
+/// A recording ready to draw.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Picture {
+    /// The node, from the first header.
+    pub node: NodeFacts,
+    /// The workerprobe that recorded it.
+    pub agent_version: String,
+    /// The tick length asked for, seconds.
+    pub interval_seconds: f64,
+    /// Wall time (RFC 3339) of time 0: the start of the first tick.
+    pub origin_time: String,
+    /// Time 0 on the monotonic clock, ns.
+    pub origin_monotonic_ns: u64,
+    /// The window shown, seconds from time 0.
+    pub from_seconds: f64,
+    /// End of the window, seconds from time 0.
+    pub to_seconds: f64,
+    /// Every selected worker alive in the window, ordered by start (then path).
+    pub workers: Vec<WorkerSeries>,
+    /// Lines the reader skipped (damaged or unknown).
+    pub skipped_lines: usize,
+}
+
+/// One worker's series in the window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerSeries {
+    /// cgroup v2 id.
+    pub cgroup_id: u64,
+    /// Path under the cgroup2 mount (unique: what marks its series in a picture).
+    pub path: String,
+    /// What a picture calls it: its short name, or its path when another worker shares
+    /// the name.
+    pub label: String,
+    /// Its kind (`cgroup`, `docker`, …), as the recording names it.
+    pub kind: String,
+    /// Start of its life in the window, seconds from time 0.
+    pub start_seconds: f64,
+    /// End of its life in the window, seconds from time 0.
+    pub end_seconds: f64,
+    /// Its exit summary, when it ended during the recording.
+    pub exit: Option<ExitRow>,
+    /// One per tick it was active in, in time order.
+    pub points: Vec<TickPoint>,
+    /// On-CPU seconds in the window (from its ticks, or its exit line when it has none).
+    pub cpu_seconds: f64,
+    /// Bytes sent in the window.
+    pub sent_bytes: u64,
+    /// Bytes received in the window.
+    pub received_bytes: u64,
+    /// Highest memory reading in the window, bytes.
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// What one worker did in one tick.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TickPoint {
+    /// Start of the tick (clipped to the window), seconds from time 0.
+    pub start_seconds: f64,
+    /// End of the tick (clipped to the window), seconds from time 0.
+    pub end_seconds: f64,
+    /// CPUs kept busy on average (1.0 = one core all the time).
+    pub cores: f64,
+    /// The same per CPU, indexed by CPU number.
+    pub cores_per_cpu: Vec<f64>,
+    /// Share of the threads' time on a CPU, 0..=1 (the four shares sum to 1, or are all 0).
+    pub on_cpu_share: f64,
+    /// Share waiting for a CPU.
+    pub runqueue_wait_share: f64,
+    /// Share blocked on I/O (D state).
+    pub blocked_io_share: f64,
+    /// Share asleep (S state).
+    pub sleep_share: f64,
+    /// Socket payload sent, bytes per second.
+    pub send_bytes_per_second: f64,
+    /// Socket payload received, bytes per second.
+    pub receive_bytes_per_second: f64,
+    /// Memory at the end of the tick, bytes; `None` when no source had it.
+    pub memory_bytes: Option<u64>,
+}
+
+/// A worker's exit summary, the fields the report's table shows.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExitRow {
+    /// Short name.
+    pub name: String,
+    /// Path under the cgroup2 mount.
+    pub path: String,
+    /// Kind of worker.
+    pub kind: String,
+    /// Start, seconds from time 0 (not clipped).
+    pub start_seconds: f64,
+    /// End, seconds from time 0 (not clipped).
+    pub end_seconds: f64,
+    /// Wall time of its life, seconds.
+    pub wall_seconds: Option<f64>,
+    /// On-CPU seconds.
+    pub cpu_seconds: Option<f64>,
+    /// Average cores used over its life.
+    pub cores: Option<f64>,
+    /// User-mode seconds (cpu.stat).
+    pub user_seconds: Option<f64>,
+    /// Kernel-mode seconds (cpu.stat).
+    pub system_seconds: Option<f64>,
+    /// Run-queue wait, thread-seconds.
+    pub runqueue_wait_seconds: Option<f64>,
+    /// Blocked on I/O, thread-seconds.
+    pub blocked_io_seconds: Option<f64>,
+    /// Asleep, thread-seconds.
+    pub sleep_seconds: Option<f64>,
+    /// Bytes sent.
+    pub sent_bytes: Option<u64>,
+    /// Bytes received.
+    pub received_bytes: Option<u64>,
+    /// Peak memory, bytes.
+    pub peak_memory_bytes: Option<u64>,
+    /// The whole summary as recorded, for the trace's event arguments.
+    pub summary: serde_json::Map<String, serde_json::Value>,
+}
+
+impl WorkerSeries {
+    /// Average cores used over its life in the window: what shades its Gantt bar.
+    pub fn average_cores(&self) -> f64 {
+        let life_seconds = self.end_seconds - self.start_seconds;
+        // A worker too short to be in a tick has only its exit line to go by.
+        if self.points.is_empty()
+            && let Some(cores) = self.exit.as_ref().and_then(|exit| exit.cores)
+        {
+            return cores;
+        }
+        if life_seconds > 0.0 {
+            self.cpu_seconds / life_seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+impl Picture {
+    /// The `count` busiest workers (most CPU time, then most bytes), busiest first: the
+    /// ones given their own series when there are too many to tell apart.
+    pub fn busiest(&self, count: usize) -> Vec<&WorkerSeries> {
+        let mut workers: Vec<&WorkerSeries> = self.workers.iter().collect();
+        workers.sort_by(|a, b| {
+            b.cpu_seconds
+                .total_cmp(&a.cpu_seconds)
+                .then((b.sent_bytes + b.received_bytes).cmp(&(a.sent_bytes + a.received_bytes)))
+                .then(a.path.cmp(&b.path))
+        });
+        workers.truncate(count);
+        workers
+    }
+
+    /// Exit summaries of the workers shown, in order of their end.
+    pub fn exits(&self) -> Vec<&ExitRow> {
+        let mut exits: Vec<&ExitRow> = self
+            .workers
+            .iter()
+            .filter_map(|worker| worker.exit.as_ref())
+            .collect();
+        exits.sort_by(|a, b| a.end_seconds.total_cmp(&b.end_seconds));
+        exits
+    }
+
+    /// The highest CPU number any worker used, plus one (at least the node's count).
+    pub fn cpu_count(&self) -> usize {
+        self.workers
+            .iter()
+            .flat_map(|worker| &worker.points)
+            .map(|point| point.cores_per_cpu.len())
+            .max()
+            .unwrap_or(0)
+            .max(self.node.cpus)
+            .max(1)
+    }
+}
+
+/// Builds the picture of `recording`; the error is one sentence (no ticks, a window outside
+/// the recording, no worker matched).
+pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Picture, String> {
+    let Some((first_segment, first_tick)) = recording.ticks().next() else {
+        return Err(format!(
+            "{name} holds no ticks: no worker was active while it was recorded"
+        ));
+    };
+    let origin_monotonic_ns = first_tick.start.monotonic_ns;
+    let origin_wall_ns = first_tick.start.wall_unix_ns;
+    let seconds_of = |monotonic_ns: u64| {
+        (i128::from(monotonic_ns) - i128::from(origin_monotonic_ns)) as f64 / 1e9
+    };
+    let end_seconds = recording
+        .ticks()
+        .map(|(_, tick)| seconds_of(tick.end.monotonic_ns))
+        .chain(
+            recording
+                .segments
+                .iter()
+                .flat_map(|segment| &segment.exits)
+                .filter_map(|exit| moment_ns(exit, "end").map(seconds_of)),
+        )
+        .fold(0.0_f64, f64::max);
+    let resolve = |at: At| match at {
+        At::FromStart(offset) => offset.as_secs_f64(),
+        At::Wall { unix_ns } => (i128::from(unix_ns) - i128::from(origin_wall_ns)) as f64 / 1e9,
+    };
+    let from_seconds = choice.from.map_or(0.0, resolve);
+    let to_seconds = choice.to.map_or(end_seconds, resolve);
+    let range = || {
+        format!(
+            "the recording runs from {} (0s) to {end_seconds:.1}s after it",
+            first_tick.start.time
+        )
+    };
+    if from_seconds < 0.0 || from_seconds >= end_seconds {
+        return Err(format!("--from is outside the recording: {}", range()));
+    }
+    if to_seconds <= 0.0 || to_seconds > end_seconds + CONTIGUOUS_SECONDS {
+        return Err(format!("--to is outside the recording: {}", range()));
+    }
+    if to_seconds <= from_seconds {
+        return Err(format!(
+            "--to ({to_seconds:.1}s) must come after --from ({from_seconds:.1}s)"
+        ));
+    }
+
+    let mut builders = Workers::default();
+    let mut points_of: Vec<(usize, TickPoint, f64, u64, u64)> = Vec::new();
+    for (_, tick) in recording.ticks() {
+        let start = seconds_of(tick.start.monotonic_ns);
+        let end = seconds_of(tick.end.monotonic_ns);
+        if end <= from_seconds || start >= to_seconds {
+            continue;
+        }
+        let clipped = (start.max(from_seconds), end.min(to_seconds));
+        // The part of the tick inside the window, for totals over the window.
+        let inside = if end > start {
+            (clipped.1 - clipped.0) / (end - start)
+        } else {
+            1.0
+        };
+        for line in &tick.workers {
+            let path = line
+                .path
+                .clone()
+                .unwrap_or_else(|| format!("cgroup {}", line.cgroup_id));
+            if !choice.selection.matches(&path) {
+                continue;
+            }
+            let kind = line
+                .kind
+                .and_then(|kind| serde_json::to_value(kind).ok())
+                .and_then(|value| value.as_str().map(str::to_string));
+            let index = builders.index(line.cgroup_id, &path, line.name.as_deref(), kind);
+            let interval_seconds = if line.interval_seconds > 0.0 {
+                line.interval_seconds
+            } else {
+                (end - start).max(CONTIGUOUS_SECONDS)
+            };
+            let time = &line.time;
+            let thread_seconds = time.on_cpu_seconds
+                + time.runqueue_wait_seconds
+                + time.blocked_io_seconds
+                + time.sleep_seconds;
+            let share = |seconds: f64| {
+                if thread_seconds > 0.0 {
+                    seconds / thread_seconds
+                } else {
+                    0.0
+                }
+            };
+            let point = TickPoint {
+                start_seconds: clipped.0,
+                end_seconds: clipped.1,
+                cores: line.cpu.seconds / interval_seconds,
+                cores_per_cpu: line
+                    .cpu
+                    .per_cpu_seconds
+                    .iter()
+                    .map(|seconds| seconds / interval_seconds)
+                    .collect(),
+                on_cpu_share: share(time.on_cpu_seconds),
+                runqueue_wait_share: share(time.runqueue_wait_seconds),
+                blocked_io_share: share(time.blocked_io_seconds),
+                sleep_share: share(time.sleep_seconds),
+                send_bytes_per_second: line.net.sent_bytes as f64 / interval_seconds,
+                receive_bytes_per_second: line.net.received_bytes as f64 / interval_seconds,
+                memory_bytes: line.memory.map(|memory| memory.current_bytes),
+            };
+            points_of.push((
+                index,
+                point,
+                line.cpu.seconds * inside,
+                (line.net.sent_bytes as f64 * inside).round() as u64,
+                (line.net.received_bytes as f64 * inside).round() as u64,
+            ));
+        }
+    }
+    for (index, point, cpu_seconds, sent, received) in points_of {
+        let series = &mut builders.series[index];
+        series.start_seconds = series.start_seconds.min(point.start_seconds);
+        series.end_seconds = series.end_seconds.max(point.end_seconds);
+        series.cpu_seconds += cpu_seconds;
+        series.sent_bytes += sent;
+        series.received_bytes += received;
+        if let Some(bytes) = point.memory_bytes {
+            series.peak_memory_bytes = Some(series.peak_memory_bytes.unwrap_or(0).max(bytes));
+        }
+        series.points.push(point);
+    }
+    for exit in recording.segments.iter().flat_map(|segment| &segment.exits) {
+        if !choice.selection.matches(&exit.path) {
+            continue;
+        }
+        let row = exit_row(exit, seconds_of);
+        let life = (
+            row.start_seconds.max(from_seconds),
+            row.end_seconds.min(to_seconds),
+        );
+        let had_ticks = builders.index_of.contains_key(&exit.cgroup_id);
+        if !had_ticks && life.1 <= life.0 {
+            continue; // it lived outside the window
+        }
+        let name = row.name.clone();
+        let kind = row.kind.clone();
+        let index = builders.index(
+            exit.cgroup_id,
+            &exit.path,
+            (!name.is_empty()).then_some(name.as_str()),
+            (!kind.is_empty()).then_some(kind),
+        );
+        let series = &mut builders.series[index];
+        if life.1 > life.0 {
+            series.start_seconds = life.0;
+            series.end_seconds = life.1;
+        }
+        if !had_ticks {
+            series.cpu_seconds = row.cpu_seconds.unwrap_or(0.0);
+            series.sent_bytes = row.sent_bytes.unwrap_or(0);
+            series.received_bytes = row.received_bytes.unwrap_or(0);
+            series.peak_memory_bytes = row.peak_memory_bytes;
+        }
+        series.exit = Some(row);
+    }
+    let mut builders = builders.series;
+    if builders.is_empty() {
+        return Err(if choice.selection.is_all() {
+            format!("{name} holds no worker active between {from_seconds:.1}s and {to_seconds:.1}s")
+        } else {
+            format!(
+                "no worker in {name} matches the --worker patterns between {from_seconds:.1}s and {to_seconds:.1}s"
+            )
+        });
+    }
+    for series in &mut builders {
+        series
+            .points
+            .sort_by(|a, b| a.start_seconds.total_cmp(&b.start_seconds));
+    }
+    disambiguate_labels(&mut builders);
+    builders.sort_by(|a, b| {
+        a.start_seconds
+            .total_cmp(&b.start_seconds)
+            .then(a.path.cmp(&b.path))
+    });
+    let header = &first_segment.header;
+    Ok(Picture {
+        node: header.node.clone(),
+        agent_version: header.agent_version.clone(),
+        interval_seconds: header.interval_seconds,
+        origin_time: first_tick.start.time.clone(),
+        origin_monotonic_ns,
+        from_seconds,
+        to_seconds,
+        workers: builders,
+        skipped_lines: recording.skipped_lines,
+    })
+}
+
+/// The workers met so far, in the order they were met.
+#[derive(Default)]
+struct Workers {
+    series: Vec<WorkerSeries>,
+    index_of: HashMap<u64, usize>,
+}
+
+impl Workers {
+    /// The index of worker `id`, added with what its first line says if it is new.
+    fn index(&mut self, id: u64, path: &str, name: Option<&str>, kind: Option<String>) -> usize {
+        if let Some(&index) = self.index_of.get(&id) {
+            return index;
+        }
+        self.series.push(WorkerSeries {
+            cgroup_id: id,
+            path: path.to_string(),
+            label: name.unwrap_or(path).to_string(),
+            kind: kind.unwrap_or_else(|| "cgroup".into()),
+            start_seconds: f64::INFINITY,
+            end_seconds: f64::NEG_INFINITY,
+            exit: None,
+            points: Vec::new(),
+            cpu_seconds: 0.0,
+            sent_bytes: 0,
+            received_bytes: 0,
+            peak_memory_bytes: None,
+        });
+        self.index_of.insert(id, self.series.len() - 1);
+        self.series.len() - 1
+    }
+}
+
+/// Labels shared by several workers become their paths, so every label names one worker.
+fn disambiguate_labels(workers: &mut [WorkerSeries]) {
+    let mut count: HashMap<String, usize> = HashMap::new();
+    for worker in workers.iter() {
+        *count.entry(worker.label.clone()).or_default() += 1;
+    }
+    for worker in workers.iter_mut() {
+        if count[&worker.label] > 1 {
+            worker.label = worker.path.clone();
+        }
+    }
+}
+
+/// `exit[field].monotonic_ns`.
+fn moment_ns(exit: &ExitLine, field: &str) -> Option<u64> {
+    exit.summary.get(field)?.get("monotonic_ns")?.as_u64()
+}
+
+/// The table row of an exit line; fields a damaged line lacks are `None`.
+fn exit_row(exit: &ExitLine, seconds_of: impl Fn(u64) -> f64) -> ExitRow {
+    let summary = &exit.summary;
+    let number = |outer: &str, inner: &str| summary.get(outer)?.get(inner)?.as_f64();
+    let bytes = |outer: &str, inner: &str| summary.get(outer)?.get(inner)?.as_u64();
+    let text = |field: &str| {
+        summary
+            .get(field)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let start_seconds = moment_ns(exit, "start").map_or(0.0, &seconds_of);
+    let end_seconds = moment_ns(exit, "end").map_or(start_seconds, &seconds_of);
+    ExitRow {
+        name: text("name"),
+        path: exit.path.clone(),
+        kind: text("kind"),
+        start_seconds,
+        end_seconds,
+        wall_seconds: summary
+            .get("wall_seconds")
+            .and_then(serde_json::Value::as_f64),
+        cpu_seconds: number("cpu", "total_seconds"),
+        cores: number("cpu", "cores"),
+        user_seconds: number("cpu", "user_seconds"),
+        system_seconds: number("cpu", "system_seconds"),
+        runqueue_wait_seconds: number("time", "runqueue_wait_seconds"),
+        blocked_io_seconds: number("time", "blocked_io_seconds"),
+        sleep_seconds: number("time", "sleep_seconds"),
+        sent_bytes: bytes("net", "sent_bytes"),
+        received_bytes: bytes("net", "received_bytes"),
+        peak_memory_bytes: bytes("memory", "peak_bytes"),
+        summary: summary.clone(),
+    }
+}
+
+/// A per-tick value as a staircase of (seconds, value) points: level over each tick,
+/// dropping to 0 across a gap (ticks the worker was not active in, when it did nothing).
+pub fn steps(points: &[TickPoint], value: impl Fn(&TickPoint) -> f64) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(points.len() * 2 + 2);
+    let mut previous_end: Option<f64> = None;
+    for point in points {
+        let level = value(point);
+        match previous_end {
+            Some(end) if point.start_seconds - end > CONTIGUOUS_SECONDS => {
+                out.push((end, 0.0));
+                out.push((point.start_seconds, 0.0));
+            }
+            None => out.push((point.start_seconds, 0.0)),
+            Some(_) => {}
+        }
+        out.push((point.start_seconds, level));
+        out.push((point.end_seconds, level));
+        previous_end = Some(point.end_seconds);
+    }
+    if let Some(end) = previous_end {
+        out.push((end, 0.0));
+    }
+    out
+}
+
+/// Memory readings as lines of (seconds, bytes) at each tick's end, broken where a reading
+/// is missing.
+pub fn memory_lines(points: &[TickPoint]) -> Vec<Vec<(f64, f64)>> {
+    let mut lines: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+    for point in points {
+        match point.memory_bytes {
+            Some(bytes) => {
+                if let Some(line) = lines.last_mut() {
+                    line.push((point.end_seconds, bytes as f64));
+                }
+            }
+            None => lines.push(Vec::new()),
+        }
+    }
+    lines.retain(|line| !line.is_empty());
+    lines
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::recording::reader::parse_recording;
+
+    /// A header line as `record` writes it.
+    pub(crate) fn header() -> String {
+        json!({
+            "type": "header", "schema_version": 1, "format": "workerprobe-recording",
+            "agent_version": "0.1.0",
+            "node": {"hostname": "vm", "kernel": "6.18", "cpus": 2, "cpu_model": "x",
+                     "memory_bytes": 1_u64 << 30, "boot_time_epoch_secs": 1},
+            "started": {"monotonic_ns": 1_000_000_000_u64, "wall_unix_ns": 5_000_000_000_u64, "time": "t0"},
+            "run_started": {"monotonic_ns": 1_000_000_000_u64, "wall_unix_ns": 5_000_000_000_u64, "time": "t0"},
+            "part": 0, "interval_seconds": 1.0, "worker_patterns": [], "programs": ["cpu"]
+        })
+        .to_string()
+    }
+
+    /// Worker `id` (path `/w{id}`) in the tick ending `end_s` seconds after time 0 of the
+    /// node's clock (1 s), using `cpu_s` CPU seconds and sending `sent` bytes.
+    pub(crate) fn tick(number: u64, id: u64, end_s: u64, cpu_s: f64, sent: u64) -> String {
+        let moment = |s: u64| json!({"monotonic_ns": (s + 1) * 1_000_000_000, "wall_unix_ns": (s + 5) * 1_000_000_000, "time": format!("t{s}")});
+        json!({
+            "type": "tick", "schema_version": 1, "tick": number,
+            "start": moment(end_s - 1), "end": moment(end_s), "interval_seconds": 1.0,
+            "cgroup_id": id, "path": format!("/w{id}"), "name": format!("w{id}"), "kind": "cgroup",
+            "cpu": {"seconds": cpu_s, "per_cpu_seconds": [cpu_s, 0.0], "user_seconds": null,
+                    "system_seconds": null, "voluntary_switches": 1, "involuntary_switches": 0},
+            "time": {"on_cpu_seconds": cpu_s, "runqueue_wait_seconds": 0.0, "blocked_io_seconds": 0.0,
+                     "sleep_seconds": 1.0 - cpu_s, "wakeups": 0, "runqueue_waits": 0},
+            "net": {"sent_bytes": sent, "received_bytes": 0, "sent_calls": 1, "received_calls": 0},
+            "memory": {"current_bytes": 1000 * id, "peak_bytes": 1000 * id, "source": "rss"},
+            "totals": {"on_cpu_ns": 0, "on_cpu_ns_per_cpu": [0, 0], "voluntary_switches": 0,
+                       "involuntary_switches": 0, "runqueue_wait_ns": 0, "blocked_io_ns": 0,
+                       "sleep_ns": 0, "wakeups": 0, "sent_bytes": 0, "received_bytes": 0, "cpu_stat": null},
+            "drops": {}, "drops_total": {}
+        })
+        .to_string()
+    }
+
+    /// The exit line of worker `id`, alive from `start_s` to `end_s` on the node's clock.
+    pub(crate) fn exit(id: u64, start_s: f64, end_s: f64) -> String {
+        let ns = |s: f64| ((s + 1.0) * 1e9) as u64;
+        json!({
+            "schema_version": 1, "type": "exit", "cgroup_id": id, "path": format!("/w{id}"),
+            "name": format!("w{id}"), "kind": "cgroup", "ids": {},
+            "start": {"monotonic_ns": ns(start_s), "time": "s"}, "start_observed": true,
+            "end": {"monotonic_ns": ns(end_s), "time": "e"}, "wall_seconds": end_s - start_s,
+            "cpu": {"total_seconds": 0.25, "user_seconds": 0.2, "system_seconds": 0.05,
+                    "per_cpu_seconds": [0.25], "cores": 0.5},
+            "time": {"on_cpu_seconds": 0.25, "runqueue_wait_seconds": 0.01, "blocked_io_seconds": 0.0,
+                     "sleep_seconds": 0.2, "wakeups": 1},
+            "net": {"sent_bytes": 7, "received_bytes": 9, "sent_calls": 1, "received_calls": 1, "families": {}},
+            "memory": {"peak_bytes": 4096, "last_bytes": 2048, "source": "rss"},
+            "context_switches": {"voluntary": 1, "involuntary": 0}, "lithops": {}
+        })
+        .to_string()
+    }
+
+    pub(crate) fn recording(lines: &[String]) -> Recording {
+        parse_recording("rec.jsonl", lines.join("\n").as_bytes()).expect("parses")
+    }
+
+    pub(crate) fn everything() -> Choice {
+        Choice {
+            selection: Selection::all(),
+            from: None,
+            to: None,
+        }
+    }
+
+    /// Three workers: w1 busy throughout, w2 sending in ticks 2 and 4 only, w3 ending
+    /// between ticks (exit line only).
+    pub(crate) fn sample() -> Recording {
+        recording(&[
+            header(),
+            tick(1, 1, 1, 1.0, 0),
+            tick(2, 1, 2, 0.5, 0),
+            tick(2, 2, 2, 0.1, 1000),
+            tick(3, 1, 3, 0.5, 0),
+            tick(4, 1, 4, 0.5, 0),
+            tick(4, 2, 4, 0.1, 3000),
+            exit(3, 1.5, 2.0),
+        ])
+    }
+
+    #[test]
+    fn workers_get_their_points_lives_and_totals() {
+        let picture = build(&sample(), &everything(), "rec.jsonl").expect("builds");
+        assert_eq!(picture.from_seconds, 0.0);
+        assert_eq!(picture.to_seconds, 4.0);
+        let paths: Vec<&str> = picture.workers.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(paths, ["/w1", "/w2", "/w3"], "ordered by start");
+        let w1 = &picture.workers[0];
+        assert_eq!((w1.start_seconds, w1.end_seconds), (0.0, 4.0));
+        assert_eq!(w1.points.len(), 4);
+        assert!((w1.cpu_seconds - 2.5).abs() < 1e-9);
+        assert!((w1.average_cores() - 0.625).abs() < 1e-9);
+        assert_eq!(w1.points[0].cores_per_cpu, vec![1.0, 0.0]);
+        assert!((w1.points[1].sleep_share - 0.5).abs() < 1e-9);
+        let w2 = &picture.workers[1];
+        assert_eq!(w2.sent_bytes, 4000);
+        assert_eq!(w2.points[1].send_bytes_per_second, 3000.0);
+        assert_eq!(w2.peak_memory_bytes, Some(2000));
+        let w3 = &picture.workers[2];
+        assert!(w3.points.is_empty());
+        assert_eq!((w3.start_seconds, w3.end_seconds), (1.5, 2.0));
+        assert_eq!(w3.average_cores(), 0.5);
+        assert_eq!(w3.exit.as_ref().and_then(|e| e.sent_bytes), Some(7));
+        assert_eq!(picture.exits().len(), 1);
+        assert_eq!(picture.busiest(1)[0].path, "/w1");
+        assert_eq!(picture.cpu_count(), 2);
+    }
+
+    #[test]
+    fn the_window_clips_ticks_and_lives() {
+        let choice = Choice {
+            from: Some(At::FromStart(Duration::from_millis(1500))),
+            to: Some(At::Wall {
+                unix_ns: 8_000_000_000, // 3 s after time 0 on the wall clock
+            }),
+            ..everything()
+        };
+        let picture = build(&sample(), &choice, "rec.jsonl").expect("builds");
+        assert_eq!((picture.from_seconds, picture.to_seconds), (1.5, 3.0));
+        let w1 = &picture.workers[0];
+        assert_eq!(w1.points.len(), 2);
+        assert_eq!(w1.points[0].start_seconds, 1.5);
+        assert!((w1.cpu_seconds - 0.75).abs() < 1e-9, "{}", w1.cpu_seconds);
+        assert_eq!(picture.workers.len(), 3);
+    }
+
+    #[test]
+    fn selection_keeps_matching_workers() {
+        let choice = Choice {
+            selection: Selection::new(&["/w2".into(), "/w3".into()]).expect("patterns"),
+            ..everything()
+        };
+        let picture = build(&sample(), &choice, "rec.jsonl").expect("builds");
+        let paths: Vec<&str> = picture.workers.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(paths, ["/w2", "/w3"]);
+        let none = Choice {
+            selection: Selection::new(&["/nothing".into()]).expect("pattern"),
+            ..everything()
+        };
+        let message = build(&sample(), &none, "rec.jsonl").expect_err("no worker");
+        assert!(
+            message.contains("no worker in rec.jsonl matches"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn bad_windows_and_empty_recordings_are_one_sentence() {
+        let at = |s: u64| Some(At::FromStart(Duration::from_secs(s)));
+        let window = |from, to| Choice {
+            from,
+            to,
+            ..everything()
+        };
+        let message = build(&sample(), &window(at(9), None), "r").expect_err("outside");
+        assert!(
+            message.starts_with("--from is outside the recording"),
+            "{message}"
+        );
+        let message = build(&sample(), &window(None, at(99)), "r").expect_err("outside");
+        assert!(message.contains("to 4.0s after it"), "{message}");
+        let message = build(&sample(), &window(at(3), at(2)), "r").expect_err("reversed");
+        assert!(message.contains("must come after --from"), "{message}");
+        let message = build(&recording(&[header()]), &everything(), "r").expect_err("empty");
+        assert!(message.starts_with("r holds no ticks"), "{message}");
+    }
+
+    #[test]
+    fn shared_names_become_paths() {
+        let mut picture = build(&sample(), &everything(), "r").expect("builds");
+        picture.workers[1].label = "w1".into();
+        disambiguate_labels(&mut picture.workers);
+        assert_eq!(picture.workers[0].label, "/w1");
+        assert_eq!(picture.workers[1].label, "/w2");
+        assert_eq!(picture.workers[2].label, "w3");
+    }
+
+    #[test]
+    fn steps_drop_to_zero_across_gaps() {
+        let picture = build(&sample(), &everything(), "r").expect("builds");
+        let w2 = &picture.workers[1];
+        let line = steps(&w2.points, |p| p.send_bytes_per_second);
+        assert_eq!(
+            line,
+            vec![
+                (1.0, 0.0),
+                (1.0, 1000.0),
+                (2.0, 1000.0),
+                (2.0, 0.0),
+                (3.0, 0.0),
+                (3.0, 3000.0),
+                (4.0, 3000.0),
+                (4.0, 0.0),
+            ]
+        );
+        let mut points = w2.points.clone();
+        points[0].memory_bytes = None;
+        assert_eq!(memory_lines(&points), vec![vec![(4.0, 2000.0)]]);
+    }
+}

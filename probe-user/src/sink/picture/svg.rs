@@ -1,0 +1,710 @@
+//! `workerprobe plot`: one SVG drawn with plotters from a [`Picture`].
+//!
+//! Top to bottom: a title with the node's facts; a Gantt of every worker's life (a row per
+//! worker ordered by start, its bar shaded by the average cores it used); then, for the
+//! busiest workers only (so 50 workers stay readable), one series per worker in each of:
+//! CPU cores used (total, or one panel per CPU), where its thread time went (small stacked
+//! charts: on CPU / run-queue / blocked on I/O / sleep), send rate, receive rate and memory.
+//!
+//! Every worker's drawing in a panel is wrapped in
+//! `<g class="series" data-panel="PANEL" data-worker="PATH"><title>LABEL</title>…</g>`
+//! (`class="gantt-row"` in the Gantt), so a reader or a test can count series per worker
+//! and a browser shows the label on hover. Plotters cannot group elements, so a marker text
+//! is drawn before and after each series and [`Markers::apply`] swaps them for the `<g>` tags.
+
+use plotters::{coord::Shift, prelude::*};
+
+use super::{
+    format_bytes, format_seconds,
+    series::{Picture, TickPoint, WorkerSeries, memory_lines, steps},
+};
+
+/// How much to draw.
+#[derive(Clone, Copy, Debug)]
+pub struct SvgOptions {
+    /// How many workers (the busiest) get series in the per-worker panels.
+    pub busiest: usize,
+    /// One CPU panel per CPU instead of one of total cores.
+    pub per_cpu: bool,
+}
+
+/// The default of `--busiest`: beyond a dozen lines a panel cannot be read.
+pub const DEFAULT_BUSIEST: u16 = 12;
+
+const WIDTH: u32 = 1400;
+const LEGEND_WIDTH: u32 = 300;
+const TITLE_HEIGHT: u32 = 64;
+const GANTT_ROW_HEIGHT: u32 = 18;
+const GANTT_EXTRA_HEIGHT: u32 = 100;
+const CAPTION_HEIGHT: u32 = 34;
+const PANEL_HEIGHT: u32 = 280;
+const LEGEND_ROW_HEIGHT: u32 = 18;
+const CELL_HEIGHT: u32 = 200;
+const CELL_COLUMNS: usize = 3;
+const BREAKDOWN_LEGEND_HEIGHT: u32 = 40;
+/// Longest label shown; longer ones keep their tail (a path's informative end).
+const LABEL_CHARS: usize = 40;
+const FONT: &str = "sans-serif";
+
+/// Marks a marker text: a private-use character no worker name starts with.
+const MARK: &str = "\u{E000}wp-mark:";
+
+/// Line colors (Tableau 10 and two more), by rank among the busiest workers.
+const PALETTE: [RGBColor; 12] = [
+    RGBColor(0x4e, 0x79, 0xa7),
+    RGBColor(0xf2, 0x8e, 0x2b),
+    RGBColor(0xe1, 0x57, 0x59),
+    RGBColor(0x76, 0xb7, 0xb2),
+    RGBColor(0x59, 0xa1, 0x4f),
+    RGBColor(0xed, 0xc9, 0x48),
+    RGBColor(0xb0, 0x7a, 0xa1),
+    RGBColor(0xff, 0x9d, 0xa7),
+    RGBColor(0x9c, 0x75, 0x5f),
+    RGBColor(0x79, 0x70, 0x6e),
+    RGBColor(0x17, 0xbe, 0xcf),
+    RGBColor(0x39, 0x3b, 0x79),
+];
+
+/// The time breakdown's layers: name and color, bottom to top.
+const BREAKDOWN: [(&str, RGBColor); 4] = [
+    ("on CPU", RGBColor(0x59, 0xa1, 0x4f)),
+    ("run-queue wait", RGBColor(0xe1, 0x57, 0x59)),
+    ("blocked on I/O", RGBColor(0xf2, 0x8e, 0x2b)),
+    ("sleep", RGBColor(0xba, 0xb0, 0xac)),
+];
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+type Drawn = anyhow::Result<()>;
+/// A worker's line in a panel, as pieces of (seconds, value) points.
+type LinesOf<'a> = dyn Fn(&WorkerSeries) -> Vec<Vec<(f64, f64)>> + 'a;
+
+/// Draws `picture` as one SVG document.
+pub fn render(picture: &Picture, options: &SvgOptions) -> anyhow::Result<String> {
+    let shown = picture.busiest(options.busiest.max(1));
+    let rows = picture.workers.len() as u32;
+    let gantt_height = GANTT_EXTRA_HEIGHT + GANTT_ROW_HEIGHT * rows.max(3);
+    let panel_height = PANEL_HEIGHT.max(60 + LEGEND_ROW_HEIGHT * shown.len() as u32);
+    let cpu_panels = if options.per_cpu {
+        picture.cpu_count()
+    } else {
+        1
+    };
+    let cell_rows = shown.len().div_ceil(CELL_COLUMNS) as u32;
+    let height = TITLE_HEIGHT
+        + gantt_height
+        + CAPTION_HEIGHT
+        + panel_height * (cpu_panels as u32 + 3)
+        + BREAKDOWN_LEGEND_HEIGHT
+        + CELL_HEIGHT * cell_rows;
+    let mut markers = Markers::default();
+    let mut text = String::new();
+    {
+        let root = SVGBackend::with_string(&mut text, (WIDTH, height)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (title, rest) = root.split_vertically(TITLE_HEIGHT);
+        draw_title(&title, picture)?;
+        let (gantt, rest) = rest.split_vertically(gantt_height);
+        draw_gantt(&gantt, picture, &mut markers)?;
+        let (caption, mut rest) = rest.split_vertically(CAPTION_HEIGHT);
+        let note = if shown.len() < picture.workers.len() {
+            format!(
+                "Below: the {} busiest of {} workers by CPU time, one series each (--busiest N to change); the Gantt above shows all {}.",
+                shown.len(),
+                picture.workers.len(),
+                picture.workers.len()
+            )
+        } else {
+            format!(
+                "Below: every worker ({}), one series each, on the same time axis as the Gantt.",
+                shown.len()
+            )
+        };
+        caption.draw_text(&note, &text_style(14), (12, 10))?;
+        let x_range = picture.from_seconds..picture.to_seconds;
+        for cpu in 0..cpu_panels {
+            let (panel, below) = rest.split_vertically(panel_height);
+            rest = below;
+            let (title, panel_id) = if options.per_cpu {
+                (
+                    format!("CPU {cpu}: share of it each worker kept busy (cores)"),
+                    format!("cpu{cpu}"),
+                )
+            } else {
+                (
+                    "CPU cores used by each worker (1.0 = one core busy all the time)".into(),
+                    "cpu".into(),
+                )
+            };
+            let lines = |worker: &WorkerSeries| {
+                vec![steps(&worker.points, |point: &TickPoint| {
+                    if options.per_cpu {
+                        point.cores_per_cpu.get(cpu).copied().unwrap_or(0.0)
+                    } else {
+                        point.cores
+                    }
+                })]
+            };
+            draw_lines(
+                &panel,
+                &LinePanel {
+                    id: &panel_id,
+                    title: &title,
+                    y_desc: "cores",
+                    log: false,
+                    format: &|value| format!("{value:.2}"),
+                },
+                x_range.clone(),
+                &shown,
+                &lines,
+                &mut markers,
+            )?;
+        }
+        let (breakdown, below) =
+            rest.split_vertically(BREAKDOWN_LEGEND_HEIGHT + CELL_HEIGHT * cell_rows);
+        rest = below;
+        draw_breakdown(&breakdown, x_range.clone(), &shown, &mut markers)?;
+        let rate_format = |value: f64| format!("{}/s", format_bytes(value));
+        let (send, below) = rest.split_vertically(panel_height);
+        draw_lines(
+            &send,
+            &LinePanel {
+                id: "send",
+                title: "Send rate: socket payload sent (bytes/s)",
+                y_desc: "bytes/s",
+                log: false,
+                format: &rate_format,
+            },
+            x_range.clone(),
+            &shown,
+            &|worker| vec![steps(&worker.points, |point| point.send_bytes_per_second)],
+            &mut markers,
+        )?;
+        let (receive, memory) = below.split_vertically(panel_height);
+        draw_lines(
+            &receive,
+            &LinePanel {
+                id: "receive",
+                title: "Receive rate: socket payload received (bytes/s)",
+                y_desc: "bytes/s",
+                log: false,
+                format: &rate_format,
+            },
+            x_range.clone(),
+            &shown,
+            &|worker| {
+                vec![steps(&worker.points, |point| {
+                    point.receive_bytes_per_second
+                })]
+            },
+            &mut markers,
+        )?;
+        draw_lines(
+            &memory,
+            &LinePanel {
+                id: "memory",
+                title: "Memory in use at each tick's end (bytes, log scale)",
+                y_desc: "bytes",
+                log: true,
+                format: &format_bytes,
+            },
+            x_range,
+            &shown,
+            &|worker| memory_lines(&worker.points),
+            &mut markers,
+        )?;
+        root.present()?;
+    }
+    Ok(markers.apply(&text))
+}
+
+fn text_style(size: u32) -> TextStyle<'static> {
+    (FONT, size).into_font().color(&BLACK)
+}
+
+/// `text`, cut to [`LABEL_CHARS`] keeping its end.
+fn short(text: &str) -> String {
+    let count = text.chars().count();
+    if count <= LABEL_CHARS {
+        return text.to_string();
+    }
+    let tail: String = text.chars().skip(count - (LABEL_CHARS - 1)).collect();
+    format!("…{tail}")
+}
+
+fn draw_title(area: &Area, picture: &Picture) -> Drawn {
+    let node = &picture.node;
+    let bold = (FONT, 20).into_font().style(FontStyle::Bold).color(&BLACK);
+    area.draw_text(
+        &format!(
+            "workerprobe recording of {}: {} workers",
+            node.hostname,
+            picture.workers.len()
+        ),
+        &bold,
+        (12, 8),
+    )?;
+    area.draw_text(
+        &format!(
+            "kernel {}, {} CPUs ({}), {} memory. Time 0 = {} (start of the first tick, node monotonic clock); showing {}s to {}s; ticks of {}s.",
+            node.kernel,
+            node.cpus,
+            node.cpu_model,
+            format_bytes(node.memory_bytes as f64),
+            picture.origin_time,
+            format_seconds(picture.from_seconds),
+            format_seconds(picture.to_seconds),
+            format_seconds(picture.interval_seconds),
+        ),
+        &text_style(13),
+        (12, 38),
+    )?;
+    Ok(())
+}
+
+/// The Gantt shade of a worker that kept `fraction` of the node's CPUs busy (0..=1).
+fn shade(fraction: f64) -> RGBColor {
+    let t = if fraction.is_finite() {
+        fraction.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let mix = |light: u8, dark: u8| {
+        (f64::from(light) + (f64::from(dark) - f64::from(light)) * t).round() as u8
+    };
+    RGBColor(mix(0xd6, 0x08), mix(0xe6, 0x30), mix(0xf4, 0x6b))
+}
+
+fn draw_gantt(area: &Area, picture: &Picture, markers: &mut Markers) -> Drawn {
+    let workers = &picture.workers;
+    let rows = workers.len();
+    let cpus = picture.cpu_count() as f64;
+    let label_chars = workers
+        .iter()
+        .map(|worker| short(&worker.label).chars().count())
+        .max()
+        .unwrap_or(1);
+    let (chart_area, legend) = area.split_horizontally(WIDTH - LEGEND_WIDTH);
+    let mut chart = ChartBuilder::on(&chart_area)
+        .caption(
+            "Worker lives: start to end, shaded by the average CPU cores used",
+            (FONT, 16),
+        )
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size((label_chars as u32 * 7 + 16).clamp(40, 320))
+        .build_cartesian_2d(
+            picture.from_seconds..picture.to_seconds,
+            -0.5..(rows as f64 - 0.5),
+        )?;
+    let label_of_row = |y: &f64| {
+        let row = y.round();
+        if (y - row).abs() > 0.01 || row < 0.0 || row as usize >= rows {
+            return String::new();
+        }
+        short(&workers[rows - 1 - row as usize].label)
+    };
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .x_desc("time since the first tick (s)")
+        .x_labels(12)
+        .y_labels(rows)
+        .y_label_formatter(&label_of_row)
+        .light_line_style(RGBColor(0xf4, 0xf4, 0xf4))
+        .label_style((FONT, 12))
+        .axis_desc_style((FONT, 13))
+        .draw()?;
+    for (row, worker) in workers.iter().enumerate() {
+        let y = (rows - 1 - row) as f64;
+        let cores = worker.average_cores();
+        let (start, end) = (
+            worker.start_seconds,
+            worker.end_seconds.max(worker.start_seconds),
+        );
+        let ended = if worker.exit.is_some() {
+            "ended"
+        } else {
+            "still running at the end"
+        };
+        markers.begin(
+            area,
+            "gantt-row",
+            "gantt",
+            worker,
+            format!(
+                "{}: {}s to {}s, {cores:.2} cores on average, {ended}",
+                worker.label,
+                format_seconds(start),
+                format_seconds(end)
+            ),
+        )?;
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(start, y - 0.38), (end, y + 0.38)],
+            shade(cores / cpus).filled(),
+        )))?;
+        if worker.exit.is_some() {
+            chart.draw_series(std::iter::once(PathElement::new(
+                vec![(end, y - 0.45), (end, y + 0.45)],
+                BLACK.stroke_width(2),
+            )))?;
+        }
+        markers.end(area)?;
+    }
+    // Legend: the shade scale, and what the black end mark means.
+    let (x, y) = (20, 50);
+    legend.draw_text("average CPU cores used", &text_style(13), (x, y - 20))?;
+    let steps_count = 10;
+    for step in 0..steps_count {
+        let x0 = x + step * 24;
+        legend.draw(&Rectangle::new(
+            [(x0, y), (x0 + 24, y + 14)],
+            shade(f64::from(step) / f64::from(steps_count - 1)).filled(),
+        ))?;
+    }
+    legend.draw_text("0", &text_style(12), (x, y + 18))?;
+    legend.draw_text(
+        &format!("{cpus:.0} (every CPU)"),
+        &text_style(12),
+        (x + 24 * steps_count - 60, y + 18),
+    )?;
+    legend.draw(&PathElement::new(
+        vec![(x, y + 50), (x, y + 66)],
+        BLACK.stroke_width(2),
+    ))?;
+    legend.draw_text(
+        "worker ended (exit line)",
+        &text_style(12),
+        (x + 10, y + 52),
+    )?;
+    legend.draw_text(
+        "no mark: still running at the end",
+        &text_style(12),
+        (x + 10, y + 70),
+    )?;
+    Ok(())
+}
+
+/// What a panel of lines shows.
+struct LinePanel<'a> {
+    /// Names the panel in `data-panel`.
+    id: &'a str,
+    title: &'a str,
+    y_desc: &'a str,
+    /// Draw log10 of the values (memory spans orders of magnitude across workers).
+    log: bool,
+    /// Formats an axis value (the value itself, not its log).
+    format: &'a dyn Fn(f64) -> String,
+}
+
+/// One panel: a line (or several pieces of one) per worker, and a legend beside it.
+fn draw_lines(
+    area: &Area,
+    panel: &LinePanel,
+    x_range: std::ops::Range<f64>,
+    shown: &[&WorkerSeries],
+    lines_of: &LinesOf<'_>,
+    markers: &mut Markers,
+) -> Drawn {
+    let transform = |value: f64| {
+        if panel.log {
+            value.max(1.0).log10()
+        } else {
+            value
+        }
+    };
+    let lines: Vec<Vec<Vec<(f64, f64)>>> = shown
+        .iter()
+        .map(|worker| {
+            lines_of(worker)
+                .into_iter()
+                .map(|line| line.into_iter().map(|(x, y)| (x, transform(y))).collect())
+                .collect()
+        })
+        .collect();
+    let values = lines.iter().flatten().flatten().map(|&(_, y)| y);
+    let (low, high) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(low, high), y| {
+        (low.min(y), high.max(y))
+    });
+    let y_range = if panel.log {
+        if low.is_finite() && high > low {
+            (low - 0.1)..(high + 0.1)
+        } else if low.is_finite() {
+            (low - 0.5)..(low + 0.5)
+        } else {
+            0.0..1.0
+        }
+    } else if high.is_finite() && high > 0.0 {
+        0.0..high * 1.1
+    } else {
+        0.0..1.0
+    };
+    let nothing = !high.is_finite() || (!panel.log && high <= 0.0);
+    let title = if nothing {
+        format!("{}: none recorded", panel.title)
+    } else {
+        panel.title.to_string()
+    };
+    let (chart_area, legend) = area.split_horizontally(WIDTH - LEGEND_WIDTH);
+    let mut chart = ChartBuilder::on(&chart_area)
+        .caption(title, (FONT, 16))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(90)
+        .build_cartesian_2d(x_range, y_range)?;
+    let label = |y: &f64| (panel.format)(if panel.log { 10f64.powf(*y) } else { *y });
+    chart
+        .configure_mesh()
+        .x_desc("time since the first tick (s)")
+        .y_desc(panel.y_desc)
+        .x_labels(12)
+        .y_labels(6)
+        .y_label_formatter(&label)
+        .label_style((FONT, 12))
+        .axis_desc_style((FONT, 13))
+        .light_line_style(RGBColor(0xee, 0xee, 0xee))
+        .draw()?;
+    for (rank, (worker, pieces)) in shown.iter().zip(&lines).enumerate() {
+        let color = PALETTE[rank % PALETTE.len()];
+        markers.begin(area, "series", panel.id, worker, worker.label.clone())?;
+        for piece in pieces {
+            chart.draw_series(LineSeries::new(
+                piece.iter().copied(),
+                color.stroke_width(2),
+            ))?;
+        }
+        markers.end(area)?;
+        let y = 40 + LEGEND_ROW_HEIGHT as i32 * rank as i32;
+        legend.draw(&PathElement::new(
+            vec![(10, y), (34, y)],
+            color.stroke_width(3),
+        ))?;
+        legend.draw_text(&short(&worker.label), &text_style(12), (40, y - 7))?;
+    }
+    Ok(())
+}
+
+/// Small stacked charts, one per worker: the share of its thread time on CPU, waiting for
+/// a CPU, blocked on I/O and asleep, tick by tick.
+fn draw_breakdown(
+    area: &Area,
+    x_range: std::ops::Range<f64>,
+    shown: &[&WorkerSeries],
+    markers: &mut Markers,
+) -> Drawn {
+    let (legend, grid) = area.split_vertically(BREAKDOWN_LEGEND_HEIGHT);
+    legend.draw_text(
+        "Where each worker's thread time went, % of its thread time per tick:",
+        &(FONT, 16).into_font().color(&BLACK),
+        (12, 12),
+    )?;
+    let mut x = 560;
+    for (name, color) in BREAKDOWN {
+        legend.draw(&Rectangle::new([(x, 12), (x + 16, 28)], color.filled()))?;
+        legend.draw_text(name, &text_style(13), (x + 22, 13))?;
+        x += 30 + 8 * name.len() as i32;
+    }
+    let rows = shown.len().div_ceil(CELL_COLUMNS);
+    let cells = grid.split_evenly((rows.max(1), CELL_COLUMNS));
+    for (cell, worker) in cells.iter().zip(shown) {
+        let mut chart = ChartBuilder::on(cell)
+            .caption(short(&worker.label), (FONT, 13))
+            .margin(8)
+            .x_label_area_size(28)
+            .y_label_area_size(44)
+            .build_cartesian_2d(x_range.clone(), 0.0..100.0)?;
+        chart
+            .configure_mesh()
+            .x_labels(6)
+            .y_labels(5)
+            .y_desc("%")
+            .y_label_formatter(&|y| format!("{y:.0}%"))
+            .label_style((FONT, 11))
+            .light_line_style(RGBColor(0xf2, 0xf2, 0xf2))
+            .draw()?;
+        markers.begin(
+            cell,
+            "series",
+            "time-breakdown",
+            worker,
+            worker.label.clone(),
+        )?;
+        // Each layer is drawn from 0 up to its cumulative top, top layer first, so the
+        // next one down paints over its lower part: a stack without a stacked series type.
+        let tops: [fn(&TickPoint) -> f64; 4] = [
+            |p| p.on_cpu_share,
+            |p| p.on_cpu_share + p.runqueue_wait_share,
+            |p| p.on_cpu_share + p.runqueue_wait_share + p.blocked_io_share,
+            |p| p.on_cpu_share + p.runqueue_wait_share + p.blocked_io_share + p.sleep_share,
+        ];
+        for (top, (_, color)) in tops.iter().zip(BREAKDOWN).rev() {
+            let line = steps(&worker.points, |point| top(point) * 100.0);
+            chart.draw_series(AreaSeries::new(line, 0.0, color.filled()))?;
+        }
+        markers.end(cell)?;
+    }
+    Ok(())
+}
+
+/// The groups to wrap around series, by the marker texts drawn before and after them.
+#[derive(Default)]
+struct Markers {
+    /// Opening tag of each group, by index.
+    groups: Vec<String>,
+}
+
+impl Markers {
+    /// Starts the group of `worker`'s drawing in panel `panel`; `title` is its tooltip.
+    fn begin(
+        &mut self,
+        area: &Area,
+        class: &str,
+        panel: &str,
+        worker: &WorkerSeries,
+        title: String,
+    ) -> Drawn {
+        let index = self.groups.len();
+        self.groups.push(format!(
+            r#"<g class="{class}" data-panel="{}" data-worker="{}"><title>{}</title>"#,
+            escape_xml(panel),
+            escape_xml(&worker.path),
+            escape_xml(&title)
+        ));
+        area.draw_text(&format!("{MARK}begin:{index}"), &text_style(1), (0, 0))?;
+        Ok(())
+    }
+
+    /// Ends the group begun last.
+    fn end(&mut self, area: &Area) -> Drawn {
+        area.draw_text(&format!("{MARK}end"), &text_style(1), (0, 0))?;
+        Ok(())
+    }
+
+    /// `svg` with every marker `<text>` element replaced by its group tag.
+    fn apply(&self, svg: &str) -> String {
+        let mut out = String::with_capacity(svg.len() + self.groups.len() * 120);
+        let mut rest = svg;
+        while let Some(open) = rest.find("<text") {
+            let Some(close) = rest[open..].find("</text>").map(|at| open + at) else {
+                break;
+            };
+            let element_end = close + "</text>".len();
+            let content_start = rest[open..close]
+                .find('>')
+                .map_or(close, |at| open + at + 1);
+            let content = rest[content_start..close].trim();
+            let replacement = content.strip_prefix(MARK).and_then(|mark| {
+                if mark == "end" {
+                    Some("</g>")
+                } else {
+                    let index: usize = mark.strip_prefix("begin:")?.parse().ok()?;
+                    self.groups.get(index).map(String::as_str)
+                }
+            });
+            match replacement {
+                Some(tag) => {
+                    out.push_str(rest[..open].trim_end_matches([' ', '\n']));
+                    out.push('\n');
+                    out.push_str(tag);
+                }
+                None => out.push_str(&rest[..element_end]),
+            }
+            rest = &rest[element_end..];
+        }
+        out.push_str(rest);
+        out
+    }
+}
+
+/// `text` safe in XML content and attribute values.
+pub fn escape_xml(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            // Control characters are not allowed in XML 1.0 at all.
+            c if c.is_control() && !matches!(c, '\n' | '\t') => out.push('\u{FFFD}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::picture::series::{build, tests as data};
+
+    fn svg_of(busiest: usize, per_cpu: bool) -> String {
+        let picture = build(&data::sample(), &data::everything(), "r").expect("builds");
+        render(&picture, &SvgOptions { busiest, per_cpu }).expect("draws")
+    }
+
+    fn count(svg: &str, needle: &str) -> usize {
+        svg.matches(needle).count()
+    }
+
+    #[test]
+    fn every_worker_has_one_series_per_panel() {
+        let svg = svg_of(usize::from(DEFAULT_BUSIEST), false);
+        assert!(svg.starts_with("<svg"), "{}", &svg[..100]);
+        assert!(!svg.contains(MARK), "a marker was left");
+        assert_eq!(count(&svg, "<g "), count(&svg, "</g>"));
+        for worker in ["/w1", "/w2", "/w3"] {
+            let mark = format!(r#"data-worker="{worker}""#);
+            assert_eq!(
+                count(
+                    &svg,
+                    &format!(r#"class="gantt-row" data-panel="gantt" {mark}"#)
+                ),
+                1
+            );
+            for panel in ["cpu", "time-breakdown", "send", "receive", "memory"] {
+                let series = format!(r#"class="series" data-panel="{panel}" {mark}"#);
+                assert_eq!(count(&svg, &series), 1, "{worker} in {panel}");
+            }
+        }
+        for text in [
+            "cores",
+            "bytes/s",
+            "time since the first tick (s)",
+            "w1",
+            "sleep",
+        ] {
+            assert!(svg.contains(text), "{text}");
+        }
+    }
+
+    #[test]
+    fn busiest_limits_the_series_and_per_cpu_splits_cpu() {
+        let svg = svg_of(1, true);
+        assert_eq!(count(&svg, r#"class="gantt-row""#), 3);
+        assert_eq!(count(&svg, r#"data-panel="send""#), 1);
+        assert_eq!(count(&svg, r#"data-panel="cpu0""#), 1);
+        assert_eq!(count(&svg, r#"data-panel="cpu1""#), 1);
+        assert!(svg.contains("the 1 busiest of 3 workers"));
+    }
+
+    #[test]
+    fn names_are_escaped_and_shortened() {
+        assert_eq!(
+            escape_xml("a<b>&\"c'\u{1}"),
+            "a&lt;b&gt;&amp;&quot;c&apos;\u{FFFD}"
+        );
+        let long = "x".repeat(50) + "tail";
+        let cut = short(&long);
+        assert_eq!(cut.chars().count(), LABEL_CHARS);
+        assert!(cut.starts_with('…') && cut.ends_with("tail"));
+    }
+
+    #[test]
+    fn shades_run_from_light_to_dark() {
+        assert_eq!(shade(0.0), RGBColor(0xd6, 0xe6, 0xf4));
+        assert_eq!(shade(1.0), RGBColor(0x08, 0x30, 0x6b));
+        assert_eq!(shade(f64::NAN), shade(0.0));
+        assert_eq!(shade(7.0), shade(1.0));
+    }
+}
