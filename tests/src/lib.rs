@@ -148,3 +148,28 @@ pub fn field(value: &serde_json::Value, name: &str) -> u64 {
         .as_u64()
         .unwrap_or_else(|| panic!("{name} missing in {value}"))
 }
+
+/// Starts `workerprobe ARGS…` (stdout piped, stdout of the agent is the caller's to read) and
+/// returns once the first line it writes on stderr contains `ready` — its "attached",
+/// "recording to" or "serving" line — so the test's work starts inside its window.
+pub fn start_agent<S: AsRef<std::ffi::OsStr>>(args: &[S], ready: &str) -> Child {
+    use std::io::BufRead as _;
+    let mut agent = Command::new(workerprobe_path())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start workerprobe");
+    let mut stderr = std::io::BufReader::new(agent.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    stderr.read_line(&mut line).expect("read agent stderr");
+    assert!(line.contains(ready), "agent said {line:?}, not {ready:?}");
+    agent
+}
+
+/// A fresh path in the temp directory, unique to this test process.
+pub fn temp_path(test: &str, name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("wp-{test}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}

@@ -1,13 +1,9 @@
 //! The `workerprobe` binary end to end: JSON snapshot and error sentences.
 
-use std::{
-    io::{BufRead as _, BufReader},
-    os::unix::process::CommandExt as _,
-    process::{Command, Stdio},
-};
+use std::{os::unix::process::CommandExt as _, process::Command};
 
 use workerprobe_tests::{
-    TestCgroup, field, read_first_json_line, require_root, wait_json, workerprobe_path,
+    TestCgroup, field, read_first_json_line, require_root, start_agent, wait_json, workerprobe_path,
 };
 
 #[test]
@@ -15,17 +11,8 @@ fn snapshot_json_reports_a_worker_cpu_and_bytes() {
     require_root();
     let sender = TestCgroup::new("cli-send");
     let receiver = TestCgroup::new("cli-recv");
-    let mut agent = Command::new(workerprobe_path())
-        .args(["snapshot", "--json", "--duration", "4s"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start workerprobe snapshot");
     // Start the work only once the window has begun.
-    let mut stderr = BufReader::new(agent.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    stderr.read_line(&mut line).expect("read agent stderr");
-    assert!(line.contains("attached"), "agent said {line:?}");
+    let agent = start_agent(&["snapshot", "--json", "--duration", "4s"], "attached");
 
     let mut recv = receiver.spawn_workload(&["recv", "tcp", "127.0.0.1:0", "0"]);
     let addr = read_first_json_line(&mut recv)["addr"]

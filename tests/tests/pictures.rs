@@ -8,42 +8,29 @@
 //! per panel, `<g class="gantt-row" …>` per Gantt row.
 
 use std::{
-    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
 use workerprobe_tests::{
-    TestCgroup, read_first_json_line, require_root, wait_json, workerprobe_path,
+    TestCgroup, read_first_json_line, require_root, start_agent, wait_json, workerprobe_path,
 };
+
+/// A fresh path in the temp directory for this test.
+fn temp_path(name: &str) -> PathBuf {
+    workerprobe_tests::temp_path("pictures", name)
+}
 
 /// How long Chromium may take to draw the page before it is killed.
 const CHROMIUM_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A fresh path in the temp directory for this test.
-fn temp_path(name: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("wp-pictures-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    path
-}
-
 /// Starts `workerprobe record --out out` with `extra` flags and returns once it records.
 fn start_record(out: &Path, extra: &[&str]) -> Child {
-    let mut agent = Command::new(workerprobe_path())
-        .arg("record")
-        .arg("--out")
-        .arg(out)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start workerprobe record");
-    let mut stderr = BufReader::new(agent.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    stderr.read_line(&mut line).expect("read agent stderr");
-    assert!(line.contains("recording to"), "agent said {line:?}");
-    agent
+    let mut args: Vec<&std::ffi::OsStr> =
+        vec!["record".as_ref(), "--out".as_ref(), out.as_os_str()];
+    args.extend(extra.iter().map(|arg| std::ffi::OsStr::new(*arg)));
+    start_agent(&args, "recording to")
 }
 
 /// `workerprobe COMMAND args…`.

@@ -3,44 +3,28 @@
 
 use std::{
     collections::HashSet,
-    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Command, Output},
     time::Duration,
 };
 
 use workerprobe::cgroup;
 use workerprobe_tests::{
-    TestCgroup, field, read_first_json_line, require_root, wait_json, workerprobe_path,
-    workload_path,
+    TestCgroup, field, read_first_json_line, require_root, start_agent, temp_path, wait_json,
+    workerprobe_path, workload_path,
 };
 
 /// A fresh path in the temp directory for this test.
 fn temp_file(name: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("wp-record-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    path
+    temp_path("record", name)
 }
 
 /// Starts `workerprobe record --out out` with `extra` flags and returns once it records.
 fn start_record(out: &Path, extra: &[&str]) -> Child {
-    let mut agent = Command::new(workerprobe_path())
-        .arg("record")
-        .arg("--out")
-        .arg(out)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start workerprobe record");
-    let mut stderr = BufReader::new(agent.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    stderr.read_line(&mut line).expect("read agent stderr");
-    assert!(
-        line.contains(&format!("recording to {}", out.display())),
-        "agent said {line:?}"
-    );
-    agent
+    let mut args: Vec<&std::ffi::OsStr> =
+        vec!["record".as_ref(), "--out".as_ref(), out.as_os_str()];
+    args.extend(extra.iter().map(|arg| std::ffi::OsStr::new(*arg)));
+    start_agent(&args, "recording to")
 }
 
 /// Sends `signal` to a child.

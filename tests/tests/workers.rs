@@ -11,8 +11,8 @@ use std::{
 
 use workerprobe::cgroup;
 use workerprobe_tests::{
-    TestCgroup, field, read_first_json_line, require_root, wait_json, workerprobe_path,
-    workload_path,
+    TestCgroup, field, read_first_json_line, require_root, start_agent, wait_json,
+    workerprobe_path, workload_path,
 };
 
 /// A running `workerprobe watch --json`, its output read as it comes (a full pipe would
@@ -24,17 +24,11 @@ struct Watch {
 
 /// Starts `workerprobe watch --json` and returns once it is attached.
 fn start_watch(extra: &[&str]) -> Watch {
-    let mut agent = Command::new(workerprobe_path())
-        .args(["watch", "--json", "--duration", "120s"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start workerprobe watch");
-    let mut stderr = BufReader::new(agent.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    stderr.read_line(&mut line).expect("read agent stderr");
-    assert!(line.contains("attached"), "agent said {line:?}");
+    let args: Vec<&str> = ["watch", "--json", "--duration", "120s"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let mut agent = start_agent(&args, "attached");
     let stdout = BufReader::new(agent.stdout.take().expect("stdout"));
     let lines = std::thread::spawn(move || stdout.lines().map_while(Result::ok).collect());
     Watch { agent, lines }

@@ -69,7 +69,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
                     let _ = collector.poll();
                     let current = collector.sample()?;
                     let mut interval = model::diff(Some(&previous), &current);
-                    keep_selected(&mut interval, &selection);
+                    interval.retain_selected(&selection);
                     previous = current;
                     // Sampling goes on while paused, so the first interval after resuming is
                     // one tick long.
@@ -99,7 +99,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
         let _ = collector.poll();
         let current = collector.sample()?;
         let mut interval = model::diff(Some(&previous), &current);
-        keep_selected(&mut interval, &selection);
+        interval.retain_selected(&selection);
         let text = table::render(&interval, args.limit);
         let mut stdout = std::io::stdout().lock();
         if write!(stdout, "{text}")
@@ -129,7 +129,7 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
     tokio::time::sleep(args.duration).await;
     let end = collector.sample()?;
     let mut interval = model::diff(Some(&start), &end);
-    keep_selected(&mut interval, &selection);
+    interval.retain_selected(&selection);
     let text = if args.json {
         let document = SnapshotDocument::new(&interval, NodeFacts::read());
         serde_json::to_string_pretty(&document).context("encoding the snapshot as JSON")? + "\n"
@@ -141,17 +141,4 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
         .write_all(text.as_bytes())
         .and_then(|()| stdout.flush());
     Ok(())
-}
-
-/// Drops the workers the user did not ask for.
-fn keep_selected(interval: &mut Interval, selection: &Selection) {
-    if selection.is_all() {
-        return;
-    }
-    interval.workers.retain(|worker| {
-        worker
-            .path
-            .as_deref()
-            .is_some_and(|path| selection.matches(path))
-    });
 }

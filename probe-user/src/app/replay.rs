@@ -10,7 +10,7 @@ use anyhow::Context as _;
 
 use crate::{
     cli::ReplayArgs,
-    model::{Interval, selection::Selection},
+    model::selection::Selection,
     recording::{
         Segment, Tick,
         at::{find_tick, parse_at},
@@ -55,7 +55,7 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     let mut previous_segment: Option<&Segment> = None;
     for &(segment, tick) in shown {
         let mut interval = tick.interval();
-        keep_selected(&mut interval, &selection);
+        interval.retain_selected(&selection);
         let text = if args.json {
             let document = SnapshotDocument::new(&interval, segment.header.node.clone());
             serde_json::to_string(&document).context("encoding a tick as JSON")? + "\n"
@@ -89,17 +89,4 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Drops the workers the user did not ask for.
-fn keep_selected(interval: &mut Interval, selection: &Selection) {
-    if selection.is_all() {
-        return;
-    }
-    interval.workers.retain(|worker| {
-        worker
-            .path
-            .as_deref()
-            .is_some_and(|path| selection.matches(path))
-    });
 }

@@ -189,6 +189,20 @@ impl Interval {
     pub fn active_workers(&self) -> impl Iterator<Item = &WorkerStats> {
         self.workers.iter().filter(|worker| worker.is_active())
     }
+
+    /// Drops the workers `selection` does not pick (and those whose path is unknown, unless
+    /// every worker is picked).
+    pub fn retain_selected(&mut self, selection: &super::selection::Selection) {
+        if selection.is_all() {
+            return;
+        }
+        self.workers.retain(|worker| {
+            worker
+                .path
+                .as_deref()
+                .is_some_and(|path| selection.matches(path))
+        });
+    }
 }
 
 /// What each worker did from `previous` to `current`. A worker absent from `previous` counts

@@ -369,6 +369,18 @@ fn check_tools() -> Result<()> {
             bail!("`{tool}` is not installed: run `sudo -E cargo xtask setup`");
         }
     }
+    // bpftrace's classic tracepoints need tracefs; a fresh machine may not have it mounted.
+    if !Path::new("/sys/kernel/tracing/events").exists() {
+        let mounted = Command::new("mount")
+            .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+            .status()
+            .is_ok_and(|status| status.success());
+        if !mounted {
+            bail!(
+                "tracefs is not mounted and could not be: run `mount -t tracefs nodev /sys/kernel/tracing`"
+            );
+        }
+    }
     let psutil = cmd::probe(Command::new("/usr/bin/python3").args(["-c", "import psutil"]));
     if psutil.is_none() {
         bail!(
@@ -485,7 +497,13 @@ fn per_event_costs(env: &PeerEnv, runner: &Runner, windows: usize) -> Result<Vec
         }
         let before = sys::prog_stats()?;
         let bpftrace = peers::start(Config::Bpftrace, env, None)?;
-        let s0 = sys::prog_stats()?;
+        // bpftrace may report its probes a moment before they show in bpftool: wait for them.
+        let mut s0 = sys::prog_stats()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s0.keys().all(|id| before.contains_key(id)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            s0 = sys::prog_stats()?;
+        }
         owners.extend(
             s0.keys()
                 .filter(|id| !before.contains_key(id))
