@@ -44,6 +44,16 @@ pub enum Command {
     Trace(TraceArgs),
     /// Write one self-contained HTML page: the plots and sortable tables of exit summaries.
     Report(ReportArgs),
+    /// Remove a pin set made with --pin DIR: detach its programs, free its maps, remove DIR.
+    Unpin(UnpinArgs),
+}
+
+/// `workerprobe unpin`.
+#[derive(Debug, Args)]
+pub struct UnpinArgs {
+    /// The directory given to --pin.
+    #[arg(value_name = "DIR", value_parser = crate::loader::pin::parse_pin_dir)]
+    pub dir: std::path::PathBuf,
 }
 
 /// `workerprobe serve`.
@@ -69,7 +79,7 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 pub struct RecordArgs {
     /// The JSON Lines file to write (appended to if it exists).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = parse_output_file)]
     pub out: std::path::PathBuf,
     /// Time between ticks, e.g. 1s.
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
@@ -90,10 +100,11 @@ pub struct RecordArgs {
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
     /// A recording made by `workerprobe record`.
+    #[arg(value_parser = parse_recording_file)]
     pub file: std::path::PathBuf,
     /// Show the tick at this time: seconds from the start (e.g. 30s, 2m) or an RFC 3339
     /// time; default: every tick in turn.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_at_text)]
     pub at: Option<String>,
     /// Only workers whose cgroup path matches this glob.
     #[arg(long = "worker", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
@@ -107,9 +118,10 @@ pub struct ReplayArgs {
 #[derive(Debug, Args)]
 pub struct PictureArgs {
     /// A recording made by `workerprobe record`.
+    #[arg(value_parser = parse_recording_file)]
     pub file: std::path::PathBuf,
     /// The file to write.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = parse_output_file)]
     pub out: std::path::PathBuf,
     /// Only workers whose cgroup path matches this glob (repeat for several).
     #[arg(long = "worker", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
@@ -199,7 +211,7 @@ pub struct ExecArgs {
     #[arg(long)]
     pub json: bool,
     /// Write the summary to this file instead of stderr.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = parse_output_file)]
     pub output: Option<std::path::PathBuf>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
@@ -235,6 +247,16 @@ pub struct ProbeArgs {
     /// removed, for exit summaries). Separate with commas.
     #[arg(long, value_delimiter = ',', default_value = "cpu,delays,net,workers")]
     pub programs: Vec<ProgramChoice>,
+    /// After loading and attaching, run as this unprivileged user with no capabilities
+    /// (e.g. nobody); the agent keeps its map descriptors. Not for `exec`, which must remove
+    /// its cgroup at the end.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// Keep the maps and attached programs in DIR (under a bpffs mount, e.g.
+    /// /sys/fs/bpf/workerprobe) after exit; a later start with the same DIR continues the same
+    /// counters. `workerprobe unpin DIR` removes them.
+    #[arg(long, value_name = "DIR", value_parser = crate::loader::pin::parse_pin_dir)]
+    pub pin: Option<std::path::PathBuf>,
 }
 
 /// `--programs` values.
@@ -275,7 +297,7 @@ pub struct TopArgs {
     #[arg(long)]
     pub once: bool,
     /// Show at most this many workers (busiest first).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 40, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub limit: usize,
     #[command(flatten)]
     pub workers: WorkerArgs,
@@ -320,9 +342,82 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
     Ok(interval)
 }
 
+/// A recording to read: a path that exists and is not a directory.
+///
+/// Other failures to open it (permissions) are the machine's, reported when it is read.
+pub fn parse_recording_file(text: &str) -> Result<std::path::PathBuf, String> {
+    let path = std::path::PathBuf::from(text);
+    match std::fs::metadata(&path) {
+        Ok(metadata) if metadata.is_dir() => Err(format!(
+            "`{text}` is a directory, not a recording: give the file `workerprobe record --out FILE` wrote"
+        )),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "`{text}` does not exist: give the file `workerprobe record --out FILE` wrote"
+        )),
+        _ => Ok(path),
+    }
+}
+
+/// A file to write: not a directory, in a directory that exists.
+pub fn parse_output_file(text: &str) -> Result<std::path::PathBuf, String> {
+    let path = std::path::PathBuf::from(text);
+    if text.ends_with('/') || path.is_dir() {
+        return Err(format!(
+            "`{text}` is a directory: give the path of a file, like {}/out",
+            text.trim_end_matches('/')
+        ));
+    }
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => std::path::Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(format!(
+            "the directory {} does not exist: make it first, or give a file in an existing directory",
+            parent.display()
+        ));
+    }
+    Ok(path)
+}
+
+/// A `replay --at` time, checked here and kept as written (replay reads it again).
+pub fn parse_at_text(text: &str) -> Result<String, String> {
+    crate::recording::at::parse_at(text).map(|_| text.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_are_checked() {
+        let dir = std::env::temp_dir();
+        let dir_text = dir.to_str().expect("utf-8 temp dir");
+        assert!(parse_output_file(&format!("{dir_text}/out.svg")).is_ok());
+        assert!(parse_output_file("out.svg").is_ok());
+        assert!(
+            parse_output_file(dir_text)
+                .unwrap_err()
+                .contains("is a directory")
+        );
+        assert!(
+            parse_output_file("/no/such/dir/out.svg")
+                .unwrap_err()
+                .contains("the directory /no/such/dir does not exist")
+        );
+        assert!(
+            parse_recording_file(dir_text)
+                .unwrap_err()
+                .contains("is a directory")
+        );
+        assert!(
+            parse_recording_file("/no/such/rec.jsonl")
+                .unwrap_err()
+                .contains("does not exist")
+        );
+        assert!(parse_at_text("30s").is_ok());
+        assert!(parse_at_text("soon").unwrap_err().contains("is not a time"));
+    }
 
     #[test]
     fn parses_durations() {

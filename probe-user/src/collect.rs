@@ -65,7 +65,6 @@ impl KernelCollector {
     ) -> anyhow::Result<Self> {
         let mut take = |name: &str| {
             probe
-                .ebpf
                 .take_map(name)
                 .with_context(|| format!("map {name} missing from the eBPF object"))
         };

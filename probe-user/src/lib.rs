@@ -4,6 +4,16 @@
 //! Data flows one way: [`loader`] → [`collect`] → [`model`] → [`sink`]; [`app`] wires them per
 //! command.
 
+/// Writes a line to stderr, ignoring a closed or full stderr (`eprintln!` would panic, and
+/// an agent must not die because nobody reads its messages).
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod app;
 pub mod cgroup;
 pub mod cli;
@@ -15,5 +25,6 @@ pub mod loader;
 pub mod memory;
 pub mod model;
 pub mod node;
+pub mod privileges;
 pub mod recording;
 pub mod sink;

@@ -17,13 +17,13 @@ fn main() -> ExitCode {
         Err(err) => {
             match err.downcast_ref::<UserError>() {
                 Some(user_error) => {
-                    eprintln!("Error: {user_error}");
+                    workerprobe::say!("Error: {user_error}");
                     // Bad input exits like a bad flag; a machine problem with 1.
                     if user_error.is_bad_input() {
                         return ExitCode::from(2);
                     }
                 }
-                None => eprintln!("Error: {err:#}"),
+                None => workerprobe::say!("Error: {err:#}"),
             }
             ExitCode::FAILURE
         }
@@ -50,6 +50,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             Command::Plot(args) => app::plot::plot(args),
             Command::Trace(args) => app::trace::trace(args),
             Command::Report(args) => app::report::report(args),
+            Command::Unpin(args) => app::unpin::unpin(args),
             Command::Exec(_) => Ok(()),
         }
     })?;

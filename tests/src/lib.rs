@@ -164,6 +164,11 @@ pub fn start_agent<S: AsRef<std::ffi::OsStr>>(args: &[S], ready: &str) -> Child 
     let mut line = String::new();
     stderr.read_line(&mut line).expect("read agent stderr");
     assert!(line.contains(ready), "agent said {line:?}, not {ready:?}");
+    // Keep reading: an agent whose stderr is closed would fail its next warning.
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
+    });
     agent
 }
 

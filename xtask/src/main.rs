@@ -4,6 +4,7 @@
 
 mod bench;
 mod cmd;
+mod fuzz;
 mod setup;
 
 use std::ffi::OsString;
@@ -54,6 +55,9 @@ enum Task {
     /// Benchmark overhead, accuracy and agent cost against a baseline and peers (needs
     /// root; minutes). Writes BENCHMARKS.md.
     Bench(bench::BenchArgs),
+    /// Fuzz the recording reader and the cgroup-path resolver for a bounded time (cargo-fuzz,
+    /// nightly; installs cargo-fuzz if missing). Fails on a crash, naming the input.
+    Fuzz(fuzz::FuzzArgs),
     /// A workload the bench runs (internal).
     #[command(hide = true, subcommand)]
     BenchWorkload(bench::WorkloadMode),
@@ -90,6 +94,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         Task::Run { release, args } => run(release, args),
         Task::Test { args } => test(args),
         Task::Bench(args) => bench::bench(args),
+        Task::Fuzz(args) => fuzz::fuzz(&args),
         Task::BenchWorkload(mode) => bench::workload(mode),
     }
 }
@@ -205,6 +210,12 @@ fn test_steps(extra_args: Vec<OsString>) -> Result<Vec<TestStep>> {
     let mut bench_smoke = cmd::cargo()?;
     bench_smoke.args(["xtask", "bench", "--smoke"]);
 
+    // The fuzz targets for CI's budget (about a minute, split across them), so they cannot
+    // rot and a panic on bad input is found.
+    let mut fuzz = cmd::cargo()?;
+    fuzz.args(["xtask", "fuzz", "--seconds"])
+        .arg(fuzz::TEST_SECONDS.to_string());
+
     Ok(vec![
         TestStep {
             name: "cargo fmt --check",
@@ -229,6 +240,10 @@ fn test_steps(extra_args: Vec<OsString>) -> Result<Vec<TestStep>> {
         TestStep {
             name: "bench smoke",
             command: bench_smoke,
+        },
+        TestStep {
+            name: "fuzz",
+            command: fuzz,
         },
     ])
 }

@@ -76,6 +76,20 @@ impl Drop for ExecCgroups {
 
 /// `workerprobe exec`: returns the exit code to leave with.
 pub fn exec(args: &ExecArgs) -> anyhow::Result<u8> {
+    if args.probe.pin.is_some() {
+        return Err(UserError::BadInput(
+            "exec cannot run with --pin: its counters end with the command; pin a long-running agent (top, watch, serve, record) instead"
+                .into(),
+        )
+        .into());
+    }
+    if args.probe.user.is_some() {
+        return Err(UserError::BadInput(
+            "exec cannot run with --user: it must remove the command's cgroup at the end, which needs root"
+                .into(),
+        )
+        .into());
+    }
     let program = &args.command[0];
     let name = match &args.name {
         Some(name) => name.clone(),
@@ -107,11 +121,11 @@ pub fn exec(args: &ExecArgs) -> anyhow::Result<u8> {
     let child = match cgroup::spawn_in_cgroups(&mut command, &cgroups.dirs()) {
         Ok(child) => child,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("workerprobe: {program}: command not found");
+            crate::say!("workerprobe: {program}: command not found");
             return Ok(127);
         }
         Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
-            eprintln!("workerprobe: {program}: permission denied (is it executable?)");
+            crate::say!("workerprobe: {program}: permission denied (is it executable?)");
             return Ok(126);
         }
         Err(err) => return Err(err).with_context(|| format!("starting {program}")),

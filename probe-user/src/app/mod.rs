@@ -7,6 +7,8 @@ pub mod replay;
 pub mod report;
 pub mod serve;
 pub mod trace;
+pub mod unpin;
+pub mod warn;
 pub mod watch;
 
 use std::io::{IsTerminal as _, Write as _};
@@ -23,15 +25,45 @@ use crate::{
     sink::{json::SnapshotDocument, table},
 };
 
+/// The map capacity (`--max-workers`) the programs were last loaded with, for the drop
+/// warning (see [`warn::DropWarning`]); one agent loads them once.
+static LOADED_MAX_WORKERS: std::sync::atomic::AtomicU32 =
+    std::sync::atomic::AtomicU32::new(probe_common::DEFAULT_MAX_WORKERS);
+
+/// The capacity [`start_collector`] loaded the maps with.
+pub fn loaded_max_workers() -> u32 {
+    LOADED_MAX_WORKERS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Loads and attaches the programs and returns a collector over their maps.
-pub fn start_collector(probe: &ProbeArgs, read_cpu_stat: bool) -> anyhow::Result<KernelCollector> {
+pub fn start_collector(
+    probe_args: &ProbeArgs,
+    read_cpu_stat: bool,
+) -> anyhow::Result<KernelCollector> {
+    let probe = probe_args;
+    LOADED_MAX_WORKERS.store(probe.max_workers, std::sync::atomic::Ordering::Relaxed);
     // Find cgroup2 first: without it no number can be attributed to a worker.
     let mount = cgroup::find_cgroup2_mount()?;
-    let probe = loader::load_and_attach(&LoadOptions {
+    // Look the user up before loading anything: a typo should cost nothing.
+    let account = probe_user_account(probe_args.user.as_deref())?;
+    let options = LoadOptions {
         max_workers: probe.max_workers,
         groups: probe.programs.iter().map(|&choice| choice.into()).collect(),
-    })?;
-    KernelCollector::new(probe, CgroupIndex::new(mount), read_cpu_stat)
+    };
+    let probe = loader::open(&options, probe_args.pin.as_deref())?;
+    let collector = KernelCollector::new(probe, CgroupIndex::new(mount), read_cpu_stat)?;
+    if let Some(account) = account {
+        crate::privileges::drop_to(account)?;
+    }
+    Ok(collector)
+}
+
+/// The account `--user` names, looked up while the agent can still read everything.
+fn probe_user_account(name: Option<&str>) -> anyhow::Result<Option<crate::privileges::Account>> {
+    Ok(match name {
+        Some(name) => Some(crate::privileges::lookup(name)?),
+        None => None,
+    })
 }
 
 /// `workerprobe top`: an interactive screen on a terminal; plain tables with `--once` or when
@@ -52,44 +84,53 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await; // the first tick is immediate
     if std::io::stdout().is_terminal() && !args.once {
-        // Made once, so a signal arriving while the screen is drawn is not missed.
-        let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
-        let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
-        let mut view = TopView::new(args.limit, NodeFacts::read().cpus);
-        let mut shown = Interval::default();
-        // Data flows one way: this loop samples and hands each interval to the screen.
-        // Dropping `screen` (on quit, a signal, or an error returned by `?`) restores the
-        // terminal.
-        let mut screen = Screen::start().context("taking over the terminal")?;
-        loop {
-            view.sync(&shown);
-            screen.draw(&shown, &view).context("drawing the screen")?;
-            tokio::select! {
-                _ = ticker.tick() => {
-                    let _ = collector.poll();
-                    let current = collector.sample()?;
-                    let mut interval = model::diff(Some(&previous), &current);
-                    interval.retain_selected(&selection);
-                    previous = current;
-                    // Sampling goes on while paused, so the first interval after resuming is
-                    // one tick long.
-                    if !view.paused {
-                        shown = interval;
-                    }
-                }
-                event = screen.next_event() => match event {
-                    Some(Event::Key(key)) => {
-                        if tui::handle_key(&mut view, key) == Action::Quit {
-                            return Ok(());
+        // The screen owns the terminal: a drop warning is printed once it is restored.
+        collector.defer_warning();
+        let result: anyhow::Result<()> = async {
+            // Made once, so a signal arriving while the screen is drawn is not missed.
+            let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+            let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+            let mut view = TopView::new(args.limit, NodeFacts::read().cpus);
+            let mut shown = Interval::default();
+            // Data flows one way: this loop samples and hands each interval to the screen.
+            // Dropping `screen` (on quit, a signal, or an error returned by `?`) restores the
+            // terminal.
+            let mut screen = Screen::start().context("taking over the terminal")?;
+            loop {
+                view.sync(&shown);
+                screen.draw(&shown, &view).context("drawing the screen")?;
+                tokio::select! {
+                    _ = ticker.tick() => {
+                        let _ = collector.poll();
+                        let current = collector.sample()?;
+                        let mut interval = model::diff(Some(&previous), &current);
+                        interval.retain_selected(&selection);
+                        previous = current;
+                        // Sampling goes on while paused, so the first interval after resuming is
+                        // one tick long.
+                        if !view.paused {
+                            shown = interval;
                         }
                     }
-                    Some(_) => {} // a resize: the next draw fits the new size
-                    None => return Ok(()), // the terminal can no longer be read
-                },
-                _ = interrupt.recv() => return Ok(()),
-                _ = terminate.recv() => return Ok(()),
+                    event = screen.next_event() => match event {
+                        Some(Event::Key(key)) => {
+                            if tui::handle_key(&mut view, key) == Action::Quit {
+                                return Ok(());
+                            }
+                        }
+                        Some(_) => {} // a resize: the next draw fits the new size
+                        None => return Ok(()), // the terminal can no longer be read
+                    },
+                    _ = interrupt.recv() => return Ok(()),
+                    _ = terminate.recv() => return Ok(()),
+                }
             }
         }
+        .await;
+        if let Some(warning) = collector.take_warning() {
+            warn::tell(&warning);
+        }
+        return result;
     }
     loop {
         tokio::select! {
@@ -122,12 +163,15 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
     let mut collector = start_collector(&args.probe, true)?;
     let start = collector.sample()?;
     // On stderr, so stdout stays one clean document; also tells scripts the window has begun.
-    eprintln!(
+    crate::say!(
         "workerprobe: attached; measuring for {}",
         humantime::format_duration(args.duration)
     );
     tokio::time::sleep(args.duration).await;
     let end = collector.sample()?;
+    if let Some(warning) = warn::DropWarning::new(args.probe.max_workers).check(&end.drops) {
+        warn::tell(&warning);
+    }
     let mut interval = model::diff(Some(&start), &end);
     interval.retain_selected(&selection);
     let text = if args.json {

@@ -50,9 +50,14 @@ pub fn load(input: &PictureArgs) -> anyhow::Result<Picture> {
     let recording = read_recording(&input.file)?;
     let name = input.file.display().to_string();
     if recording.skipped_lines > 0 {
-        eprintln!(
-            "workerprobe: skipped {} corrupt lines in {name}",
-            recording.skipped_lines
+        crate::say!(
+            "workerprobe: skipped {} corrupt line{} in {name}",
+            recording.skipped_lines,
+            if recording.skipped_lines == 1 {
+                ""
+            } else {
+                "s"
+            }
         );
     }
     let choice = Choice {
@@ -60,13 +65,15 @@ pub fn load(input: &PictureArgs) -> anyhow::Result<Picture> {
         from: input.from,
         to: input.to,
     };
-    build(&recording, &choice, &name).map_err(anyhow::Error::msg)
+    // Every problem left is with what the user asked for (workers, window): bad input.
+    build(&recording, &choice, &name)
+        .map_err(|message| crate::error::UserError::BadInput(message).into())
 }
 
 /// Writes `bytes` to `path` and says so on stderr.
 pub fn write_out(path: &Path, bytes: &[u8], picture: &Picture, what: &str) -> anyhow::Result<()> {
     std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))?;
-    eprintln!(
+    crate::say!(
         "workerprobe: wrote the {what} of {} workers ({}s to {}s) to {}",
         picture.workers.len(),
         crate::sink::picture::format_seconds(picture.from_seconds),

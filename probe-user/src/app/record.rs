@@ -40,7 +40,7 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
     let run_started = previous.taken_at.unwrap_or_else(Timestamp::now);
     writer.begin(header(args, run_started))?;
     // On stderr: tells scripts (and the tests) that the recording has begun.
-    eprintln!("workerprobe: recording to {}", args.out.display());
+    crate::say!("workerprobe: recording to {}", args.out.display());
 
     let deadline = args
         .duration

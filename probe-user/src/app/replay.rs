@@ -34,18 +34,37 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     let recording = read_recording(&args.file)?;
     let name = args.file.display();
     if recording.skipped_lines > 0 {
-        eprintln!(
-            "workerprobe: skipped {} corrupt lines in {name}",
-            recording.skipped_lines
+        crate::say!(
+            "workerprobe: skipped {} corrupt line{} in {name}",
+            recording.skipped_lines,
+            if recording.skipped_lines == 1 {
+                ""
+            } else {
+                "s"
+            }
         );
     }
     let ticks: Vec<(&Segment, &Tick)> = recording.ticks().collect();
+    // A pattern that matches no worker of the whole recording is a mistake, not an answer.
+    if !selection.is_all()
+        && !ticks.iter().any(|(_, tick)| {
+            tick.workers
+                .iter()
+                .any(|w| w.path.as_deref().is_some_and(|p| selection.matches(p)))
+        })
+    {
+        return Err(crate::error::UserError::BadInput(format!(
+            "no worker in {name} matches --worker {}: list the recorded workers with `workerprobe replay {name}`",
+            args.patterns.join(" --worker ")
+        ))
+        .into());
+    }
     if ticks.is_empty() {
         anyhow::bail!("{name} holds no ticks: no selected worker was active while it was recorded");
     }
     let shown = match (at, args.at.as_deref()) {
         (Some(at), Some(text)) => {
-            let index = find_tick(&ticks, at, text).map_err(anyhow::Error::msg)?;
+            let index = find_tick(&ticks, at, text).map_err(crate::error::UserError::BadInput)?;
             &ticks[index..=index]
         }
         _ => &ticks[..],

@@ -80,7 +80,7 @@ pub async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         .with_state(Arc::clone(&shared));
     let address = listener.local_addr().unwrap_or(args.listen);
     let shutdown = interrupted()?;
-    eprintln!("workerprobe: serving http://{address}/metrics");
+    crate::say!("workerprobe: serving http://{address}/metrics");
     let server = axum::serve(listener, router).with_graceful_shutdown(shutdown);
     let outcome = tokio::select! {
         result = std::future::IntoFuture::into_future(server) => result.context("serving HTTP"),

@@ -34,9 +34,20 @@ pub struct Watcher {
     memory: MemoryReader,
     /// Removed workers waiting to settle: (cgroup id, removed at, when to finish).
     removed: VecDeque<(u64, u64, Instant)>,
+    /// Workers whose directory was gone at the last sample: if it still is at the next, they
+    /// are finished even without a removal event (the lifecycle programs may be off, or the
+    /// event was dropped), so their map entries never linger.
+    gone: std::collections::HashSet<u64>,
     boot_offset_ns: i128,
     /// Whether samples read live workers' memory (not needed where nobody shows it).
     read_memory: bool,
+    /// Says once on stderr when a kernel map starts dropping (serve, record, watch and top
+    /// all sample through here).
+    drop_warning: super::warn::DropWarning,
+    /// Keep the warning for [`Watcher::take_warning`] instead of printing it (a full-screen
+    /// view owns the terminal).
+    defer_warning: bool,
+    deferred_warning: Option<String>,
 }
 
 impl Watcher {
@@ -48,9 +59,30 @@ impl Watcher {
             registry: WorkerRegistry::new(selection),
             memory: MemoryReader::new(),
             removed: VecDeque::new(),
+            gone: std::collections::HashSet::new(),
             boot_offset_ns: i128::from(now.wall_unix_ns) - i128::from(now.monotonic_ns),
             read_memory: true,
+            drop_warning: super::warn::DropWarning::new(super::loaded_max_workers()),
+            defer_warning: false,
+            deferred_warning: None,
         }
+    }
+
+    /// Names `max_workers` as the capacity in the drop warning (by default the one
+    /// [`super::start_collector`] loaded the maps with).
+    pub fn with_max_workers(mut self, max_workers: u32) -> Self {
+        self.drop_warning.set_max_workers(max_workers);
+        self
+    }
+
+    /// Keeps the drop warning for [`Watcher::take_warning`] instead of printing it.
+    pub fn defer_warning(&mut self) {
+        self.defer_warning = true;
+    }
+
+    /// The drop warning kept by [`Watcher::defer_warning`], if it was given.
+    pub fn take_warning(&mut self) -> Option<String> {
+        self.deferred_warning.take()
     }
 
     /// Skips reading memory at each sample (cheaper, for views that do not show it).
@@ -99,7 +131,15 @@ impl Watcher {
     /// their latest memory and cpu.stat for their summaries. Returns the sample.
     pub fn sample(&mut self) -> anyhow::Result<Sample> {
         let sample = self.collector.sample()?;
+        if let Some(warning) = self.drop_warning.check(&sample.drops) {
+            if self.defer_warning {
+                self.deferred_warning = Some(warning);
+            } else {
+                super::warn::tell(&warning);
+            }
+        }
         self.registry.observe(&sample);
+        self.finish_vanished(sample.taken_at.map_or(0, |at| at.monotonic_ns));
         if !self.read_memory {
             return Ok(sample);
         }
@@ -115,6 +155,26 @@ impl Watcher {
             }
         }
         Ok(sample)
+    }
+
+    /// Queues the workers whose cgroup directory has been gone for two samples in a row.
+    fn finish_vanished(&mut self, now_monotonic_ns: u64) {
+        let mut gone_now = std::collections::HashSet::new();
+        for record in self.registry.records() {
+            let dir = self.collector.cgroups().dir_of(&record.path);
+            let exists = crate::cgroup::cgroup_id(&dir).is_ok_and(|id| id == record.cgroup_id);
+            if !exists {
+                gone_now.insert(record.cgroup_id);
+            }
+        }
+        for &cgroup_id in &gone_now {
+            let queued = self.removed.iter().any(|&(id, _, _)| id == cgroup_id);
+            if self.gone.contains(&cgroup_id) && !queued {
+                self.removed
+                    .push_back((cgroup_id, now_monotonic_ns, Instant::now()));
+            }
+        }
+        self.gone = gone_now;
     }
 
     /// The registry: names, start times and latest memory of live workers.
@@ -149,7 +209,7 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
         writeln!(stdout, "{header}").context("writing to stdout")?;
         stdout.flush().context("writing to stdout")?;
     }
-    eprintln!("workerprobe: attached; watching for worker exits");
+    crate::say!("workerprobe: attached; watching for worker exits");
     let deadline = args.duration.map(|duration| Instant::now() + duration);
     // Ctrl-C (SIGINT) or SIGTERM ends the watch after the last exits settle.
     let mut interrupted = Box::pin(async {

@@ -2,11 +2,16 @@
 //! touches `aya::programs`.
 
 pub mod kernel_btf;
+pub mod pin;
 
-use std::path::Path;
+use std::{collections::HashMap, path::Path};
 
 use anyhow::Context as _;
-use aya::{Btf, Ebpf, EbpfLoader, programs::BtfTracePoint};
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::Map,
+    programs::{BtfTracePoint, tp_btf::BtfTracePointLinkId},
+};
 use probe_common::{
     net::SOCK_FAMILY_OFFSET_GLOBAL,
     task::{
@@ -97,14 +102,63 @@ impl Default for LoadOptions {
     }
 }
 
-/// The loaded and attached programs; dropping it detaches them and frees their maps.
+/// The attached programs' maps, for the collector to take.
+///
+/// Loaded here (no `--pin`): dropping it detaches the programs and frees their maps. Opened
+/// from a pin set: the pinned links keep the programs attached whatever becomes of it.
 pub struct Probe {
-    /// The loaded object; its maps are read by the collector.
-    pub ebpf: Ebpf,
+    /// The loaded object, when this process loaded it.
+    ebpf: Option<Ebpf>,
+    /// Maps opened from a pin set, by name.
+    maps: HashMap<String, Map>,
+    /// The pin set's lock, held while the collector lives (one agent per pin set).
+    _lock: Option<std::fs::File>,
+}
+
+impl Probe {
+    /// Takes a map by name (the collector reads each one it takes).
+    pub fn take_map(&mut self, name: &str) -> Option<Map> {
+        match self.maps.remove(name) {
+            Some(map) => Some(map),
+            None => self.ebpf.as_mut()?.take_map(name),
+        }
+    }
+}
+
+/// Loads and attaches the programs (`pin: None`), or with `--pin DIR` continues the pin set in
+/// DIR, making it first if DIR is empty or missing (see [`pin`]).
+pub fn open(options: &LoadOptions, pin: Option<&Path>) -> anyhow::Result<Probe> {
+    match pin {
+        None => load_and_attach(options),
+        Some(dir) => pin::open_or_create(options, dir),
+    }
 }
 
 /// Checks what the user can fix, then loads and attaches every program.
 pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
+    let Loaded { mut ebpf, btf, .. } = load(options)?;
+    for (program, tracepoint) in programs_for(&options.groups) {
+        attach(&mut ebpf, &btf, program, tracepoint)?;
+    }
+    switch_on_every_cpu();
+    Ok(Probe {
+        ebpf: Some(ebpf),
+        maps: HashMap::new(),
+        _lock: None,
+    })
+}
+
+/// A loaded object whose programs are not attached yet.
+struct Loaded {
+    ebpf: Ebpf,
+    btf: Btf,
+    /// The kernel struct offsets handed to the programs.
+    task: probe_common::task::TaskOffsets,
+    family_offset: u32,
+}
+
+/// Checks what the user can fix, then loads the object (maps made, programs not yet loaded).
+fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     check_privileges()?;
     if !Path::new(kernel_btf::VMLINUX_BTF).exists() {
         return Err(UserError::NoKernelBtf.into());
@@ -126,7 +180,7 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
         None => Default::default(),
     };
 
-    let mut ebpf = EbpfLoader::new()
+    let ebpf = EbpfLoader::new()
         .btf(Some(&btf))
         // The task storage map: the kernel knows it, aya 0.14 does not.
         .allow_unsupported_maps()
@@ -163,20 +217,22 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
         .map_max_entries(probe_common::net::NET_STATS_MAP, options.max_workers)
         .load(EBPF_OBJECT)
         .map_err(|err| classify_load_error(err.into()))?;
-
-    for (program, tracepoint) in programs_for(&options.groups) {
-        attach(&mut ebpf, &btf, program, tracepoint)?;
-    }
-    switch_on_every_cpu();
-    Ok(Probe { ebpf })
+    Ok(Loaded {
+        ebpf,
+        btf,
+        task,
+        family_offset,
+    })
 }
 
-fn attach(ebpf: &mut Ebpf, btf: &Btf, name: &str, tracepoint: &str) -> anyhow::Result<()> {
-    let program: &mut BtfTracePoint = ebpf
-        .program_mut(name)
-        .with_context(|| format!("program {name} missing from the eBPF object"))?
-        .try_into()
-        .with_context(|| format!("program {name} is not a tp_btf program"))?;
+/// Loads program `name` and attaches it to `tracepoint`; the link stays in the program.
+fn attach(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    name: &str,
+    tracepoint: &str,
+) -> anyhow::Result<BtfTracePointLinkId> {
+    let program = program_mut(ebpf, name)?;
     if let Err(err) = program.load(tracepoint, btf) {
         let text = format!("{err:#}").to_lowercase();
         if text.contains("not found") || text.contains("no such") {
@@ -187,8 +243,14 @@ fn attach(ebpf: &mut Ebpf, btf: &Btf, name: &str, tracepoint: &str) -> anyhow::R
     }
     program
         .attach()
-        .with_context(|| format!("attaching program {name} to tracepoint {tracepoint}"))?;
-    Ok(())
+        .with_context(|| format!("attaching program {name} to tracepoint {tracepoint}"))
+}
+
+fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut BtfTracePoint> {
+    ebpf.program_mut(name)
+        .with_context(|| format!("program {name} missing from the eBPF object"))?
+        .try_into()
+        .with_context(|| format!("program {name} is not a tp_btf program"))
 }
 
 /// Makes every CPU switch once, so each has a switch record before the first sample.

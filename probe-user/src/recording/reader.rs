@@ -136,9 +136,7 @@ pub fn parse_recording(name: &str, mut reader: impl BufRead) -> anyhow::Result<R
         }
     }
     if recording.segments.is_empty() {
-        anyhow::bail!(
-            "{name} is empty: it holds no recording; record one with `workerprobe record --out {name}`"
-        );
+        return Err(crate::error::UserError::BadInput(format!("{name} is empty: it holds no recording; record one with `workerprobe record --out {name}`")).into());
     }
     Ok(recording)
 }
@@ -171,9 +169,9 @@ impl Segment {
 /// The header a recording must start with.
 fn first_header(name: &str, text: &[u8], whole: bool) -> anyhow::Result<HeaderLine> {
     let not_a_recording = || {
-        anyhow::anyhow!(
+        anyhow::Error::from(crate::error::UserError::BadInput(format!(
             "{name} is not a workerprobe recording (its first line is not a header): record one with `workerprobe record --out {name}`"
-        )
+        )))
     };
     let value: serde_json::Value = if whole {
         serde_json::from_slice(text).map_err(|_| not_a_recording())?
@@ -185,15 +183,15 @@ fn first_header(name: &str, text: &[u8], whole: bool) -> anyhow::Result<HeaderLi
     }
     check_version(name, value["schema_version"].as_u64().unwrap_or(0))?;
     serde_json::from_value(value).map_err(|err| {
-        anyhow::anyhow!("{name} has a damaged header line ({err}): it cannot be replayed")
+        anyhow::Error::from(crate::error::UserError::BadInput(format!(
+            "{name} has a damaged header line ({err}): it cannot be replayed"
+        )))
     })
 }
 
 fn check_version(name: &str, version: u64) -> anyhow::Result<()> {
     if version > u64::from(SCHEMA_VERSION) {
-        anyhow::bail!(
-            "{name} was recorded with schema version {version}, newer than the {SCHEMA_VERSION} this workerprobe reads: replay it with a newer workerprobe"
-        );
+        return Err(crate::error::UserError::BadInput(format!("{name} was recorded with schema version {version}, newer than the {SCHEMA_VERSION} this workerprobe reads: replay it with a newer workerprobe")).into());
     }
     Ok(())
 }

@@ -378,7 +378,8 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
             format!("{name} holds no worker active between {from_seconds:.1}s and {to_seconds:.1}s")
         } else {
             format!(
-                "no worker in {name} matches the --worker patterns between {from_seconds:.1}s and {to_seconds:.1}s"
+                "no worker in {name} matches --worker {} between {from_seconds:.1}s and {to_seconds:.1}s",
+                choice.selection.patterns().join(" --worker ")
             )
         });
     }
