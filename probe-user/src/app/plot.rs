@@ -49,17 +49,7 @@ pub fn load(input: &PictureArgs) -> anyhow::Result<Picture> {
     let selection = Selection::new(&input.patterns)?;
     let recording = read_recording(&input.file)?;
     let name = input.file.display().to_string();
-    if recording.skipped_lines > 0 {
-        crate::say!(
-            "workerprobe: skipped {} corrupt line{} in {name}",
-            recording.skipped_lines,
-            if recording.skipped_lines == 1 {
-                ""
-            } else {
-                "s"
-            }
-        );
-    }
+    crate::recording::reader::tell_skipped(&recording, &name.to_string());
     let choice = Choice {
         selection,
         from: input.from,

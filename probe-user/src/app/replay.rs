@@ -33,17 +33,7 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let recording = read_recording(&args.file)?;
     let name = args.file.display();
-    if recording.skipped_lines > 0 {
-        crate::say!(
-            "workerprobe: skipped {} corrupt line{} in {name}",
-            recording.skipped_lines,
-            if recording.skipped_lines == 1 {
-                ""
-            } else {
-                "s"
-            }
-        );
-    }
+    crate::recording::reader::tell_skipped(&recording, &name.to_string());
     let ticks: Vec<(&Segment, &Tick)> = recording.ticks().collect();
     // A pattern that matches no worker of the whole recording is a mistake, not an answer.
     if !selection.is_all()

@@ -141,6 +141,17 @@ pub fn parse_recording(name: &str, mut reader: impl BufRead) -> anyhow::Result<R
     Ok(recording)
 }
 
+/// Tells on stderr how many corrupt lines reading skipped, if any.
+pub fn tell_skipped(recording: &Recording, name: &str) {
+    let skipped = recording.skipped_lines;
+    if skipped > 0 {
+        crate::say!(
+            "workerprobe: skipped {skipped} corrupt line{} in {name}",
+            if skipped == 1 { "" } else { "s" }
+        );
+    }
+}
+
 impl Segment {
     fn new(header: HeaderLine) -> Self {
         Self {

@@ -64,7 +64,11 @@ fn num(text: &str) -> u64 {
 
 /// Busy-loops on this thread for `duration` of wall time.
 fn spin_for(duration: Duration) -> u64 {
-    let deadline = Instant::now() + duration;
+    spin_until(Instant::now() + duration)
+}
+
+/// Busy-loops on this thread until `deadline`.
+fn spin_until(deadline: Instant) -> u64 {
     let mut x = 0u64;
     while Instant::now() < deadline {
         for i in 0..10_000u64 {
@@ -103,12 +107,7 @@ fn pinned_spin(ms: u64, threads: usize, cpu: usize) {
     let workers: Vec<_> = (0..threads)
         .map(|_| {
             std::thread::spawn(move || {
-                let mut x = 0u64;
-                while Instant::now() < deadline {
-                    for i in 0..10_000u64 {
-                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
-                    }
-                }
+                spin_until(deadline);
                 own_run_delay_ns()
             })
         })
@@ -132,17 +131,7 @@ fn fsync(dir: &str, count: u64) {
 fn spin(ms: u64, threads: usize) {
     let deadline = Instant::now() + Duration::from_millis(ms);
     let workers: Vec<_> = (0..threads)
-        .map(|_| {
-            std::thread::spawn(move || {
-                let mut x = 0u64;
-                while Instant::now() < deadline {
-                    for i in 0..10_000u64 {
-                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
-                    }
-                }
-                x
-            })
-        })
+        .map(|_| std::thread::spawn(move || spin_until(deadline)))
         .collect();
     for worker in workers {
         let _ = worker.join();
