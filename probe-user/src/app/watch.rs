@@ -38,6 +38,8 @@ pub struct Watcher {
     /// are finished even without a removal event (the lifecycle programs may be off, or the
     /// event was dropped), so their map entries never linger.
     gone: std::collections::HashSet<u64>,
+    /// When live workers' directories were last checked (a stat each: not every sample).
+    last_vanished_check: Option<Instant>,
     boot_offset_ns: i128,
     /// Whether samples read live workers' memory (not needed where nobody shows it).
     read_memory: bool,
@@ -60,6 +62,7 @@ impl Watcher {
             memory: MemoryReader::new(),
             removed: VecDeque::new(),
             gone: std::collections::HashSet::new(),
+            last_vanished_check: None,
             boot_offset_ns: i128::from(now.wall_unix_ns) - i128::from(now.monotonic_ns),
             read_memory: true,
             drop_warning: super::warn::DropWarning::new(super::loaded_max_workers()),
@@ -157,8 +160,18 @@ impl Watcher {
         Ok(sample)
     }
 
-    /// Queues the workers whose cgroup directory has been gone for two samples in a row.
+    /// Queues the workers whose cgroup directory has been gone for two checks in a row.
+    /// Checks run every few seconds: removal events normally finish workers well before, so
+    /// this only catches what they missed, and costs a stat per live worker.
     fn finish_vanished(&mut self, now_monotonic_ns: u64) {
+        const EVERY: Duration = Duration::from_secs(5);
+        if self
+            .last_vanished_check
+            .is_some_and(|at| at.elapsed() < EVERY)
+        {
+            return;
+        }
+        self.last_vanished_check = Some(Instant::now());
         let mut gone_now = std::collections::HashSet::new();
         for record in self.registry.records() {
             let dir = self.collector.cgroups().dir_of(&record.path);
