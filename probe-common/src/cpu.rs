@@ -52,8 +52,6 @@ pub struct CpuStats {
     pub sleep_ns: u64,
     /// Wakeups of the cgroup's threads from either kind of sleep.
     pub wakeups: u64,
-    /// Run-queue waits counted in `runqueue_wait_hist`.
-    pub runqueue_waits: u64,
     /// Run-queue waits by length: bucket 0 is under 1 µs, bucket `b` is [2^(b-1), 2^b) µs, the
     /// last one everything from 2^(RUNQ_BUCKETS-2) µs up.
     pub runqueue_wait_hist: [u64; RUNQ_BUCKETS],
@@ -84,7 +82,7 @@ pub fn runq_bucket_upper_ns(bucket: usize) -> u64 {
     }
 }
 
-const _: () = assert!(core::mem::size_of::<CpuStats>() == 8 * (8 + RUNQ_BUCKETS));
+const _: () = assert!(core::mem::size_of::<CpuStats>() == 8 * (7 + RUNQ_BUCKETS));
 
 #[cfg(feature = "user")]
 // SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.

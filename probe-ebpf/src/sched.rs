@@ -155,6 +155,10 @@ fn on_switch<const DELAYS: bool>(ctx: &BtfTracePointContext) {
         count_drop(DROP_TASK_STATE);
         return;
     };
+    let preempt: u64 = ctx.arg(0);
+    let prev_state: u64 = ctx.arg(3);
+    // As the kernel counts nvcsw: a switch is voluntary when the thread left the run queue.
+    let voluntary = (preempt & 1) == 0 && (prev_state & 0xffff_ffff) != 0;
     if state.flags & task::SEEN == 0 {
         start_account(state, prev);
         if since.next_task == prev as u64 {
@@ -164,21 +168,17 @@ fn on_switch<const DELAYS: bool>(ctx: &BtfTracePointContext) {
         } else {
             // Its switch-in was not seen: its account starts now.
             if DELAYS {
-                go_off_cpu(state, prev, ctx, 0);
+                go_off_cpu(state, prev, voluntary, prev_state, 0);
             }
             return;
         }
     }
-    let preempt: u64 = ctx.arg(0);
-    let prev_state: u64 = ctx.arg(3);
-    // As the kernel counts nvcsw: a switch is voluntary when the thread left the run queue.
-    let voluntary = (preempt & 1) == 0 && (prev_state & 0xffff_ffff) != 0;
     // The scheduler charged prev's runtime just before this tracepoint.
     let runtime_ns = task::sum_exec_runtime_ns(prev);
     let slice_ns = runtime_ns.saturating_sub(state.accounted_runtime_ns);
     state.accounted_runtime_ns = runtime_ns;
     if DELAYS {
-        go_off_cpu(state, prev, ctx, slice_ns);
+        go_off_cpu(state, prev, voluntary, prev_state, slice_ns);
     }
     let cgroup_id = task::cgroup_id(prev);
     if let Some(stats) = CPU_STATS.get_ptr_mut(cgroup_id) {
@@ -192,10 +192,8 @@ fn on_switch<const DELAYS: bool>(ctx: &BtfTracePointContext) {
 /// Notes how the task leaves the CPU: still runnable (the scheduler times that wait), or
 /// asleep from now — the end of its slice on the rq clock: arrival plus the slice.
 #[inline(always)]
-fn go_off_cpu(state: &mut TaskState, prev: Task, ctx: &BtfTracePointContext, slice_ns: u64) {
-    let preempt: u64 = ctx.arg(0);
-    let prev_state: u64 = ctx.arg(3);
-    if (preempt & 1) != 0 || (prev_state & 0xffff_ffff) == 0 {
+fn go_off_cpu(state: &mut TaskState, prev: Task, voluntary: bool, prev_state: u64, slice_ns: u64) {
+    if !voluntary {
         state.state = RUNNING;
         return;
     }
@@ -238,7 +236,6 @@ fn add_slice<const DELAYS: bool>(
         // Normally one wait per slice; if switches were hidden from us, their mean.
         let bucket = runq_bucket(mean_wait_ns) & (RUNQ_BUCKETS - 1);
         stats.runqueue_wait_hist[bucket] += waits;
-        stats.runqueue_waits += waits;
     }
     stats.blocked_io_ns += state.pending_blocked_io_ns;
     stats.sleep_ns += state.pending_sleep_ns;
@@ -277,6 +274,5 @@ static ZERO_STATS: CpuStats = CpuStats {
     blocked_io_ns: 0,
     sleep_ns: 0,
     wakeups: 0,
-    runqueue_waits: 0,
     runqueue_wait_hist: [0; RUNQ_BUCKETS],
 };

@@ -415,7 +415,6 @@ fn max_cpu(a: &CpuStats, b: &CpuStats) -> CpuStats {
         blocked_io_ns: a.blocked_io_ns.max(b.blocked_io_ns),
         sleep_ns: a.sleep_ns.max(b.sleep_ns),
         wakeups: a.wakeups.max(b.wakeups),
-        runqueue_waits: a.runqueue_waits.max(b.runqueue_waits),
         runqueue_wait_hist: hist,
     }
 }

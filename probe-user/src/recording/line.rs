@@ -448,7 +448,6 @@ impl TickLine {
         {
             *slot = count;
         }
-        first.runqueue_waits = first.runqueue_wait_hist.iter().sum();
         let mut counters = WorkerCounters {
             path: self.path.clone(),
             cpu_per_cpu,
@@ -500,7 +499,6 @@ impl TickLine {
         {
             *slot = slot.saturating_sub(count);
         }
-        first.runqueue_waits = first.runqueue_wait_hist.iter().sum();
         for (name, delta) in &self.net.families {
             if let Some(slot) = family_slot(name) {
                 let family = &mut counters.net.families[slot];

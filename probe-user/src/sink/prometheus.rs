@@ -485,7 +485,7 @@ fn runqueue_histogram(counters: &WorkerCounters) -> (f64, u64, Vec<(f64, u64)>) 
             bucket.1 += count;
         }
     }
-    // The count is the buckets' sum (not `runqueue_waits`, read a moment apart on a busy CPU)
+    // The count is the buckets' sum
     // so that `_count` always equals the `+Inf` bucket, as the format requires.
     let count = buckets.iter().map(|(_, count)| count).sum();
     (seconds(wait_ns), count, buckets)
@@ -612,7 +612,6 @@ mod tests {
             runqueue_wait_ns: 2_500,
             blocked_io_ns: 7_000_000,
             sleep_ns: 2_000_000_000,
-            runqueue_waits: 2,
             ..CpuStats::default()
         };
         cpu0.runqueue_wait_hist[0] = 1; // 500 ns
