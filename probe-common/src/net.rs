@@ -6,6 +6,9 @@ pub const NET_STATS_MAP: &str = "NET_STATS";
 /// Name of the read-only global holding `offsetof(struct sock, __sk_common.skc_family)`,
 /// resolved from the kernel's BTF at load time.
 pub const SOCK_FAMILY_OFFSET_GLOBAL: &str = "SOCK_FAMILY_OFFSET";
+/// Name of the read-only global holding `offsetof(struct socket, sk)`, for the programs that
+/// receive a `struct socket *` (the fexit variant on kernels before 6.3).
+pub const SOCKET_SK_OFFSET_GLOBAL: &str = "SOCKET_SK_OFFSET";
 
 /// Index of a socket family in [`NetStats::families`].
 pub const FAMILY_IPV4: usize = 0;

@@ -1,15 +1,21 @@
-//! `tp_btf/sock_send_length` and `tp_btf/sock_recv_length`: socket payload per cgroup.
+//! Socket payload per cgroup, in one of two variants the loader chooses from the kernel:
 //!
-//! Both tracepoints fire in the thread that made the call, after the protocol returned, with
-//! `ret` = bytes moved or a negative errno. Payload bytes, so they match what the application
-//! wrote and read, whatever the network namespace.
+//! - `tp_btf/sock_send_length` and `tp_btf/sock_recv_length` (Linux 6.3+): both fire in the
+//!   thread that made the call, after the protocol returned, with `ret` = bytes moved or a
+//!   negative errno.
+//! - before 6.3, `fexit` on the IPv4, IPv6 and unix protocols' `sendmsg` and `recvmsg`, which
+//!   every socket call of those families reaches (the tracepoints sit right after them).
+//!   Other families (netlink, packet, vsock, …) are not counted by this variant.
+//!
+//! Payload bytes either way, so they match what the application wrote and read, whatever the
+//! network namespace.
 
 use aya_ebpf::{
     Global,
     helpers::bpf_get_current_task_btf,
-    macros::{btf_tracepoint, map},
+    macros::{btf_tracepoint, fexit, map},
     maps::PerCpuHashMap,
-    programs::BtfTracePointContext,
+    programs::{BtfTracePointContext, FExitContext},
 };
 use probe_common::{
     DEFAULT_MAX_WORKERS,
@@ -30,6 +36,10 @@ static NET_STATS: PerCpuHashMap<u64, NetStats> =
 /// `offsetof(struct sock, __sk_common.skc_family)`, set by the loader from the kernel's BTF.
 #[unsafe(no_mangle)]
 static SOCK_FAMILY_OFFSET: Global<u32> = Global::new(16);
+
+/// `offsetof(struct socket, sk)`, set by the loader from the kernel's BTF (fexit variant).
+#[unsafe(no_mangle)]
+static SOCKET_SK_OFFSET: Global<u32> = Global::new(24);
 
 /// `sock_send_length(struct sock *sk, int ret, int flags)`.
 #[btf_tracepoint(function = "sock_send_length")]
@@ -52,6 +62,70 @@ pub fn sock_recv(ctx: BtfTracePointContext) -> u32 {
     }
     account(ctx.arg(0), ret as u64, false);
     0
+}
+
+/// fexit of a protocol's `sendmsg(struct socket *sock, struct msghdr *msg, size_t len)`: the
+/// function `sock_sendmsg` calls through `sock->ops`, where the 6.3 tracepoint was later put.
+/// (Not `sock_sendmsg` itself: its callers in net/socket.c get it inlined.)
+macro_rules! sendmsg_exit {
+    ($program:ident, $function:literal) => {
+        #[doc = concat!("fexit of `", $function, "`.")]
+        #[fexit(function = $function)]
+        pub fn $program(ctx: FExitContext) -> u32 {
+            let ret: i64 = ctx.arg::<u64>(3) as i32 as i64;
+            if ret > 0 {
+                account(sock_of(ctx.arg(0)), ret as u64, true);
+            }
+            0
+        }
+    };
+}
+
+/// fexit of a protocol's `recvmsg(struct socket *sock, struct msghdr *msg, size_t size, int
+/// flags)`.
+macro_rules! recvmsg_exit {
+    ($program:ident, $function:literal) => {
+        #[doc = concat!("fexit of `", $function, "`.")]
+        #[fexit(function = $function)]
+        pub fn $program(ctx: FExitContext) -> u32 {
+            let flags = ctx.arg::<u64>(3) as i32;
+            let ret: i64 = ctx.arg::<u64>(4) as i32 as i64;
+            if ret > 0 && flags & MSG_PEEK == 0 {
+                account(sock_of(ctx.arg(0)), ret as u64, false);
+            }
+            0
+        }
+    };
+}
+
+sendmsg_exit!(inet_sendmsg_exit, "inet_sendmsg");
+sendmsg_exit!(inet6_sendmsg_exit, "inet6_sendmsg");
+sendmsg_exit!(unix_stream_sendmsg_exit, "unix_stream_sendmsg");
+sendmsg_exit!(unix_dgram_sendmsg_exit, "unix_dgram_sendmsg");
+recvmsg_exit!(inet_recvmsg_exit, "inet_recvmsg");
+recvmsg_exit!(inet6_recvmsg_exit, "inet6_recvmsg");
+recvmsg_exit!(unix_stream_recvmsg_exit, "unix_stream_recvmsg");
+
+/// fexit of `int __unix_dgram_recvmsg(struct sock *sk, struct msghdr *msg, size_t size, int
+/// flags)`: unix datagram and seqpacket receives (`unix_seqpacket_recvmsg` gets
+/// `unix_dgram_recvmsg` inlined, so this is the one function both reach).
+#[fexit(function = "__unix_dgram_recvmsg")]
+pub fn unix_dgram_recvmsg_exit(ctx: FExitContext) -> u32 {
+    let flags = ctx.arg::<u64>(3) as i32;
+    let ret: i64 = ctx.arg::<u64>(4) as i32 as i64;
+    if ret > 0 && flags & MSG_PEEK == 0 {
+        account(ctx.arg(0), ret as u64, false);
+    }
+    0
+}
+
+/// `sock->sk` of a BTF-typed `struct socket *`.
+#[inline(always)]
+fn sock_of(socket: *const u8) -> *const u8 {
+    let offset = SOCKET_SK_OFFSET.load() as usize;
+    // SAFETY: `socket` is the traced function's BTF-typed argument; the verifier checks the
+    // load against BTF and the result is again a BTF pointer.
+    unsafe { core::ptr::read_volatile(socket.add(offset) as *const *const u8) }
 }
 
 #[inline(always)]

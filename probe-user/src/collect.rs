@@ -13,7 +13,7 @@ use crate::{
     cgroup::{self, CgroupIndex},
     clock::Timestamp,
     loader::Probe,
-    model::{Drops, LifecycleEvent, Sample, WorkerCounters},
+    model::{Drops, LifecycleEvent, Measured, Sample, WorkerCounters},
 };
 
 /// Something that yields cumulative samples: the kernel now, a recording later.
@@ -51,6 +51,8 @@ pub struct KernelCollector {
     read_cpu_stat: bool,
     /// Possible CPUs: every worker gets one per-CPU entry for each.
     cpus: usize,
+    /// What the attached programs measure; every sample says so.
+    measured: Measured,
     /// Keeps the programs attached as long as the collector lives.
     _probe: Probe,
 }
@@ -78,7 +80,9 @@ impl KernelCollector {
             .with_context(|| format!("map {LAST_SWITCH_MAP}"))?;
         let events =
             RingBuf::try_from(take(EVENTS_MAP)?).with_context(|| format!("map {EVENTS_MAP}"))?;
+        let measured = probe.measured();
         Ok(Self {
+            measured,
             events,
             pending_events: std::collections::VecDeque::new(),
             last_switch,
@@ -99,6 +103,7 @@ impl Source for KernelCollector {
         let taken_at = Some(Timestamp::now());
         let mut sample = Sample {
             taken_at,
+            measured: self.measured,
             ..Sample::default()
         };
         self.pull_events();
@@ -207,6 +212,11 @@ impl KernelCollector {
         self.reported_on_cpu_ns.remove(&cgroup_id);
         self.cgroups.forget(cgroup_id);
         Some(worker)
+    }
+
+    /// What the attached programs measure.
+    pub fn measured(&self) -> Measured {
+        self.measured
     }
 
     /// Where the cgroup2 hierarchy is, and which path each id names.

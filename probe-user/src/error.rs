@@ -15,16 +15,9 @@ pub enum UserError {
         "the kernel has no BTF at /sys/kernel/btf/vmlinux: use a kernel built with CONFIG_DEBUG_INFO_BTF=y (most distribution kernels since 5.4)"
     )]
     NoKernelBtf,
-    /// A tracepoint the programs attach to does not exist in this kernel.
-    #[error(
-        "this kernel has no `{0}` tracepoint: workerprobe needs Linux 6.3 or newer (sock_send_length/sock_recv_length appeared in 6.3)"
-    )]
-    MissingTracepoint(String),
-    /// The kernel keeps no per-task run-queue accounting (CONFIG_SCHED_INFO).
-    #[error(
-        "this kernel was built without CONFIG_SCHED_INFO, which measuring delays needs: run with --programs cpu,net"
-    )]
-    NoSchedInfo,
+    /// None of the measurements asked for can run on this kernel.
+    #[error("{}", nothing_to_measure(.0))]
+    NothingToMeasure(Vec<String>),
     /// No cgroup2 hierarchy is mounted.
     #[error(
         "no cgroup2 file system is mounted: mount one (`mount -t cgroup2 none /sys/fs/cgroup/unified`) or boot with systemd.unified_cgroup_hierarchy=1"
@@ -50,4 +43,16 @@ impl UserError {
     pub fn is_bad_input(&self) -> bool {
         matches!(self, Self::BadInput(_) | Self::NotACgroup(_))
     }
+}
+
+/// The sentence for [`UserError::NothingToMeasure`].
+fn nothing_to_measure(notes: &[String]) -> String {
+    let why = notes
+        .iter()
+        .map(|note| note.trim_end_matches("; the other measurements run"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    format!(
+        "nothing asked for can be measured on this kernel ({why}): run a newer kernel (Linux 6.1 is the oldest tested), or ask for other --programs"
+    )
 }

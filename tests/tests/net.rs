@@ -134,3 +134,44 @@ fn unix_stream_bytes_are_exact() {
     );
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn unix_datagrams_are_exact() {
+    let path = std::env::temp_dir().join(format!("wp-test-{}.dgram", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    exchange(
+        "unixgram",
+        path.to_str().expect("utf-8 path"),
+        4 << 20,
+        "1,4096,65536",
+        probe_common::net::FAMILY_UNIX,
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn unix_seqpacket_messages_are_exact() {
+    let path = std::env::temp_dir().join(format!("wp-test-{}.seq", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    exchange(
+        "seqpacket",
+        path.to_str().expect("utf-8 path"),
+        4 << 20,
+        "1,4096,65536",
+        probe_common::net::FAMILY_UNIX,
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+/// sendmmsg repeating one address and recvmmsg take the kernel's shortcut past the socket
+/// layer's security hook for all but the first message: every message must still count.
+#[test]
+fn udp_sendmmsg_and_recvmmsg_are_exact() {
+    exchange(
+        "udp-mmsg",
+        "127.0.0.1:0",
+        2 << 20,
+        "64,1200,8192,60000",
+        probe_common::net::FAMILY_IPV4,
+    );
+}

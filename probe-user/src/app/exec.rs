@@ -109,6 +109,7 @@ pub fn exec(args: &ExecArgs) -> anyhow::Result<u8> {
             .map(|&choice| choice.into())
             .collect(),
     })?;
+    super::tell_notes(&probe);
     let memory_reader = MemoryReader::new();
     let leaf = format!("exec-{}-{name}", std::process::id());
     let cgroups = ExecCgroups::make(&mount, memory_reader.v1_memory_mount(), &leaf)?;

@@ -51,11 +51,19 @@ pub fn start_collector(
         groups: probe.programs.iter().map(|&choice| choice.into()).collect(),
     };
     let probe = loader::open(&options, probe_args.pin.as_deref())?;
+    tell_notes(&probe);
     let collector = KernelCollector::new(probe, CgroupIndex::new(mount), read_cpu_stat)?;
     if let Some(account) = account {
         crate::privileges::drop_to(account)?;
     }
     Ok(collector)
+}
+
+/// Says, once and one sentence each, which asked-for measurements this kernel cannot make.
+pub fn tell_notes(probe: &loader::Probe) {
+    for note in probe.notes() {
+        crate::say!("workerprobe: {note}");
+    }
 }
 
 /// The account `--user` names, looked up while the agent can still read everything.

@@ -1,7 +1,7 @@
 //! Struct member offsets read from the running kernel's BTF.
 //!
-//! Rust eBPF has no CO-RE relocations, so the one struct field the programs read (a socket's
-//! address family) is located here at load time and handed to them as a read-only global.
+//! Rust eBPF has no CO-RE relocations, so every struct field the programs read is located here
+//! at load time and handed to them as a read-only global.
 
 use anyhow::{Context as _, anyhow, bail};
 use btf_rs::{Btf, Type};
@@ -13,6 +13,11 @@ pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// Byte offset of `skc_family` in `struct sock` (through `__sk_common`).
 pub fn sock_family_offset(btf: &Btf) -> anyhow::Result<u32> {
     member_offset(btf, "sock", &["__sk_common", "skc_family"])
+}
+
+/// Byte offset of `sk` in `struct socket` (what the fexit socket programs receive).
+pub fn socket_sk_offset(btf: &Btf) -> anyhow::Result<u32> {
+    member_offset(btf, "socket", &["sk"])
 }
 
 /// Offsets of the task, css_set, cgroup and kernfs_node fields the programs read.

@@ -1,8 +1,14 @@
 //! Loads the eBPF object into the kernel and attaches its programs. The only module that
 //! touches `aya::programs`.
+//!
+//! Kernel differences are decided here and nowhere else: [`features`] probes what the running
+//! kernel offers, [`plan`] picks each group's variant from that, and what no variant can
+//! measure is reported once, in one sentence, and marked in [`Measured`].
 
+pub mod features;
 pub mod kernel_btf;
 pub mod pin;
+pub mod plan;
 
 use std::{collections::HashMap, path::Path};
 
@@ -10,10 +16,13 @@ use anyhow::Context as _;
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::Map,
-    programs::{BtfTracePoint, tp_btf::BtfTracePointLinkId},
+    programs::{
+        BtfTracePoint, FExit, fexit::FExitLinkId, links::FdLink,
+        tp_btf::BtfTracePointLinkId,
+    },
 };
 use probe_common::{
-    net::SOCK_FAMILY_OFFSET_GLOBAL,
+    net::{SOCK_FAMILY_OFFSET_GLOBAL, SOCKET_SK_OFFSET_GLOBAL},
     task::{
         CGROUP_KN_OFFSET_GLOBAL, CGROUP_ROOT_HIERARCHY_ID_OFFSET_GLOBAL, CGROUP_ROOT_OFFSET_GLOBAL,
         CGROUPS_OFFSET_GLOBAL, CSS_SET_DFL_CGRP_OFFSET_GLOBAL, KERNFS_NODE_ID_OFFSET_GLOBAL,
@@ -23,7 +32,11 @@ use probe_common::{
     },
 };
 
-use crate::error::UserError;
+use self::{
+    features::KernelFeatures,
+    plan::{Attach, Plan, PlannedProgram},
+};
+use crate::{error::UserError, model::Measured};
 
 /// The eBPF object built from `probe-ebpf` by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe-ebpf"));
@@ -36,7 +49,8 @@ pub enum ProgramGroup {
     /// Where off-CPU time went: run-queue wait, blocked on I/O, sleep (sched_switch with
     /// per-task state, sched_wakeup, sched_wakeup_new). Includes `Cpu`.
     Delays,
-    /// Socket bytes and calls (sock_send_length, sock_recv_length).
+    /// Socket bytes and calls (sock_send_length, sock_recv_length; fexit on sock_sendmsg and
+    /// sock_recvmsg before Linux 6.3).
     Net,
     /// For benchmarks only: an empty sched_switch program, the cost floor.
     Floor,
@@ -52,36 +66,30 @@ impl ProgramGroup {
         ProgramGroup::Net,
         ProgramGroup::Lifecycle,
     ];
-}
 
-/// The programs (ELF names) and tracepoints to attach for a set of groups.
-pub fn programs_for(groups: &[ProgramGroup]) -> Vec<(&'static str, &'static str)> {
-    let mut programs = Vec::new();
-    let delays = groups.contains(&ProgramGroup::Delays);
-    for group in groups {
-        match group {
-            // The full switch program does the CPU accounting too: never attach both.
-            ProgramGroup::Cpu if !delays => programs.push(("switch_cpu", "sched_switch")),
-            ProgramGroup::Cpu => {}
-            ProgramGroup::Delays => {
-                programs.push(("switch_full", "sched_switch"));
-                programs.push(("wakeup", "sched_wakeup"));
-                programs.push(("wakeup_new", "sched_wakeup_new"));
-            }
-            ProgramGroup::Net => {
-                programs.push(("sock_send", "sock_send_length"));
-                programs.push(("sock_recv", "sock_recv_length"));
-            }
-            ProgramGroup::Floor => programs.push(("switch_floor", "sched_switch")),
-            ProgramGroup::Lifecycle => {
-                programs.push(("cgroup_mkdir", "cgroup_mkdir"));
-                programs.push(("cgroup_rmdir", "cgroup_rmdir"));
-            }
+    /// The `--programs` name of the group.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProgramGroup::Cpu => "cpu",
+            ProgramGroup::Delays => "delays",
+            ProgramGroup::Net => "net",
+            ProgramGroup::Floor => "floor",
+            ProgramGroup::Lifecycle => "workers",
         }
     }
-    programs.sort_unstable();
-    programs.dedup();
-    programs
+
+    /// The group of a `--programs` name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            ProgramGroup::Cpu,
+            ProgramGroup::Delays,
+            ProgramGroup::Net,
+            ProgramGroup::Floor,
+            ProgramGroup::Lifecycle,
+        ]
+        .into_iter()
+        .find(|group| group.name() == name)
+    }
 }
 
 /// Options for loading.
@@ -111,6 +119,8 @@ pub struct Probe {
     ebpf: Option<Ebpf>,
     /// Maps opened from a pin set, by name.
     maps: HashMap<String, Map>,
+    /// What runs and what is missing on this kernel.
+    plan: Plan,
     /// The pin set's lock, held while the collector lives (one agent per pin set).
     _lock: Option<std::fs::File>,
 }
@@ -123,6 +133,21 @@ impl Probe {
             None => self.ebpf.as_mut()?.take_map(name),
         }
     }
+
+    /// Which measurements the attached programs make.
+    pub fn measured(&self) -> Measured {
+        self.plan.measured()
+    }
+
+    /// The plan that was attached.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// One sentence per requested measurement this kernel cannot make.
+    pub fn notes(&self) -> Vec<String> {
+        self.plan.notes(&features::kernel_release())
+    }
 }
 
 /// Loads and attaches the programs (`pin: None`), or with `--pin DIR` continues the pin set in
@@ -134,16 +159,15 @@ pub fn open(options: &LoadOptions, pin: Option<&Path>) -> anyhow::Result<Probe> 
     }
 }
 
-/// Checks what the user can fix, then loads and attaches every program.
+/// Checks what the user can fix, then loads and attaches the programs the kernel allows.
 pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
-    let Loaded { mut ebpf, btf, .. } = load(options)?;
-    for (program, tracepoint) in programs_for(&options.groups) {
-        attach(&mut ebpf, &btf, program, tracepoint)?;
-    }
+    let mut loaded = load(options)?;
+    attach_plan(&mut loaded)?;
     switch_on_every_cpu();
     Ok(Probe {
-        ebpf: Some(ebpf),
+        ebpf: Some(loaded.ebpf),
         maps: HashMap::new(),
+        plan: loaded.plan,
         _lock: None,
     })
 }
@@ -155,36 +179,44 @@ struct Loaded {
     /// The kernel struct offsets handed to the programs.
     task: probe_common::task::TaskOffsets,
     family_offset: u32,
+    socket_sk_offset: u32,
+    /// Which variant each group will use.
+    plan: Plan,
 }
 
-/// Checks what the user can fix, then loads the object (maps made, programs not yet loaded).
+/// Checks what the user can fix, probes the kernel, plans, then loads the object (maps made,
+/// programs not yet loaded).
 fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     check_privileges()?;
     if !Path::new(kernel_btf::VMLINUX_BTF).exists() {
         return Err(UserError::NoKernelBtf.into());
     }
-    let (family_offset, task) = {
+    let (family_offset, socket_sk_offset, task, features) = {
         let btf =
             btf_rs::Btf::from_file(kernel_btf::VMLINUX_BTF).map_err(|_| UserError::NoKernelBtf)?;
+        let task = kernel_btf::task_offsets(&btf).context("locating task_struct's fields")?;
+        let features = KernelFeatures::probe(&btf, &plan::all_needs(), task.sched_info.is_some());
         (
             kernel_btf::sock_family_offset(&btf).context("locating struct sock's family field")?,
-            kernel_btf::task_offsets(&btf).context("locating task_struct's fields")?,
+            // Only the fexit variant reads it; a kernel without it plans no such variant.
+            kernel_btf::socket_sk_offset(&btf).unwrap_or(0),
+            task,
+            features,
         )
     };
+    let plan = Plan::new(&options.groups, &features);
+    if !plan.runs_anything() {
+        return Err(UserError::NothingToMeasure(plan.notes(&features::kernel_release())).into());
+    }
     let btf = Btf::from_sys_fs().map_err(|_| UserError::NoKernelBtf)?;
-    let sched_info = match task.sched_info {
-        Some(offsets) => offsets,
-        None if options.groups.contains(&ProgramGroup::Delays) => {
-            return Err(UserError::NoSchedInfo.into());
-        }
-        None => Default::default(),
-    };
+    let sched_info = task.sched_info.unwrap_or_default();
 
     let ebpf = EbpfLoader::new()
         .btf(Some(&btf))
         // The task storage map: the kernel knows it, aya 0.14 does not.
         .allow_unsupported_maps()
         .override_global(SOCK_FAMILY_OFFSET_GLOBAL, &family_offset, true)
+        .override_global(SOCKET_SK_OFFSET_GLOBAL, &socket_sk_offset, true)
         .override_global(SUM_EXEC_RUNTIME_OFFSET_GLOBAL, &task.sum_exec_runtime, true)
         .override_global(PID_OFFSET_GLOBAL, &task.pid, true)
         .override_global(CGROUPS_OFFSET_GLOBAL, &task.cgroups, true)
@@ -222,35 +254,129 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         btf,
         task,
         family_offset,
+        socket_sk_offset,
+        plan,
     })
 }
 
-/// Loads program `name` and attaches it to `tracepoint`; the link stays in the program.
-fn attach(
-    ebpf: &mut Ebpf,
-    btf: &Btf,
-    name: &str,
-    tracepoint: &str,
-) -> anyhow::Result<BtfTracePointLinkId> {
-    let program = program_mut(ebpf, name)?;
-    if let Err(err) = program.load(tracepoint, btf) {
-        let text = format!("{err:#}").to_lowercase();
-        if text.contains("not found") || text.contains("no such") {
-            return Err(UserError::MissingTracepoint(tracepoint.to_string()).into());
-        }
-        return Err(classify_load_error(anyhow::Error::new(err)))
-            .with_context(|| format!("loading program {name}"));
-    }
-    program
-        .attach()
-        .with_context(|| format!("attaching program {name} to tracepoint {tracepoint}"))
+/// A program's link, kept inside the program (dropping the object detaches it) until a pin
+/// set takes it.
+pub(crate) enum LinkId {
+    /// Of a tp_btf program.
+    TpBtf(BtfTracePointLinkId),
+    /// Of an fexit program.
+    FExit(FExitLinkId),
 }
 
-fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut BtfTracePoint> {
-    ebpf.program_mut(name)
-        .with_context(|| format!("program {name} missing from the eBPF object"))?
-        .try_into()
-        .with_context(|| format!("program {name} is not a tp_btf program"))
+/// Attaches every program of the plan. When the kernel refuses one, the programs of its
+/// variant already attached are unloaded and the group falls back to its next variant (or is
+/// left out, with its reason in the plan's notes). Returns each attached program's link.
+fn attach_plan(loaded: &mut Loaded) -> anyhow::Result<Vec<(PlannedProgram, LinkId)>> {
+    let mut attached: Vec<(PlannedProgram, LinkId)> = Vec::new();
+    // Each fallback gives up a variant for good, so this ends.
+    'plan: loop {
+        for planned in loaded.plan.programs() {
+            if attached.iter().any(|(p, _)| *p == planned) {
+                continue;
+            }
+            match attach(&mut loaded.ebpf, &loaded.btf, &planned) {
+                Ok(link) => attached.push((planned, link)),
+                Err(Refused(reason)) => {
+                    let group = loaded
+                        .plan
+                        .group_of(planned.program)
+                        .context("a planned program belongs to no group")?;
+                    let siblings: Vec<PlannedProgram> = plan::variants(group)
+                        .iter()
+                        .find(|variant| variant.programs.contains(&planned))
+                        .map(|variant| variant.programs.to_vec())
+                        .unwrap_or_default();
+                    for (program, _) in attached.extract_if(.., |(p, _)| siblings.contains(p)) {
+                        unload(&mut loaded.ebpf, &program);
+                    }
+                    loaded.plan.fall_back(group, reason);
+                    continue 'plan;
+                }
+            }
+        }
+        break;
+    }
+    if attached.is_empty() {
+        return Err(
+            UserError::NothingToMeasure(loaded.plan.notes(&features::kernel_release())).into(),
+        );
+    }
+    Ok(attached)
+}
+
+/// The kernel would not load or attach a program; the end of a sentence saying so.
+struct Refused(String);
+
+/// Loads a planned program and attaches it; the link stays in the program.
+fn attach(ebpf: &mut Ebpf, btf: &Btf, planned: &PlannedProgram) -> Result<LinkId, Refused> {
+    let refused = |what: &str| {
+        Refused(format!(
+            "the kernel refused to {what} the {} program on {}",
+            planned.attach.kind(),
+            planned.attach.target()
+        ))
+    };
+    let program = ebpf
+        .program_mut(planned.program)
+        .ok_or_else(|| refused("find"))?;
+    match planned.attach {
+        Attach::TpBtf(tracepoint) => {
+            let program: &mut BtfTracePoint = program.try_into().map_err(|_| refused("find"))?;
+            program
+                .load(tracepoint, btf)
+                .map_err(|_| refused("load"))?;
+            program
+                .attach()
+                .map(LinkId::TpBtf)
+                .map_err(|_| refused("attach"))
+        }
+        Attach::FExit(function) => {
+            let program: &mut FExit = program.try_into().map_err(|_| refused("find"))?;
+            program.load(function, btf).map_err(|_| refused("load"))?;
+            program
+                .attach()
+                .map(LinkId::FExit)
+                .map_err(|_| refused("attach"))
+        }
+    }
+}
+
+/// Takes a program's link out of it, as a descriptor that can be pinned.
+pub(crate) fn take_link(
+    ebpf: &mut Ebpf,
+    planned: &PlannedProgram,
+    link: LinkId,
+) -> anyhow::Result<FdLink> {
+    let program = ebpf
+        .program_mut(planned.program)
+        .with_context(|| format!("program {} missing from the eBPF object", planned.program))?;
+    let context = || format!("taking the link of program {}", planned.program);
+    Ok(match link {
+        LinkId::TpBtf(id) => {
+            let program: &mut BtfTracePoint = program.try_into().with_context(context)?;
+            FdLink::from(program.take_link(id).with_context(context)?)
+        }
+        LinkId::FExit(id) => {
+            let program: &mut FExit = program.try_into().with_context(context)?;
+            FdLink::from(program.take_link(id).with_context(context)?)
+        }
+    })
+}
+
+/// Unloads (and so detaches) a program whose variant is given up.
+fn unload(ebpf: &mut Ebpf, planned: &PlannedProgram) {
+    let Some(program) = ebpf.program_mut(planned.program) else {
+        return;
+    };
+    let _ = match planned.attach {
+        Attach::TpBtf(_) => <&mut BtfTracePoint>::try_from(program).map(|p| p.unload()),
+        Attach::FExit(_) => <&mut FExit>::try_from(program).map(|p| p.unload()),
+    };
 }
 
 /// Makes every CPU switch once, so each has a switch record before the first sample.
@@ -324,30 +450,6 @@ pub fn has_bpf_privileges(effective: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn one_switch_program_at_a_time() {
-        let names = |groups: &[ProgramGroup]| {
-            programs_for(groups)
-                .into_iter()
-                .map(|(program, _)| program)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(names(&[ProgramGroup::Cpu]), ["switch_cpu"]);
-        assert_eq!(
-            names(&ProgramGroup::DEFAULT),
-            [
-                "cgroup_mkdir",
-                "cgroup_rmdir",
-                "sock_recv",
-                "sock_send",
-                "switch_full",
-                "wakeup",
-                "wakeup_new"
-            ]
-        );
-        assert_eq!(names(&[ProgramGroup::Floor]), ["switch_floor"]);
-    }
 
     #[test]
     fn reads_capabilities() {

@@ -26,10 +26,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use aya::{
-    maps::{Map, MapData},
-    programs::links::FdLink,
-};
+use aya::maps::{Map, MapData};
 use probe_common::{
     cpu::{CPU_STATS_MAP, LAST_SWITCH_MAP},
     drops::DROPS_MAP,
@@ -38,7 +35,10 @@ use probe_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{LoadOptions, Loaded, Probe, ProgramGroup, programs_for};
+use super::{
+    LoadOptions, Loaded, Probe, ProgramGroup,
+    plan::{GroupPlan, Plan},
+};
 use crate::error::UserError;
 
 /// The entry describing the set (a symlink whose target is the JSON).
@@ -68,8 +68,11 @@ pub struct Meta {
     pub agent_version: String,
     /// `--programs` as given (cpu, delays, net, workers).
     pub groups: Vec<String>,
-    /// Programs and the tracepoints they are attached to, with their link pins.
+    /// Programs and where they are attached, with their link pins.
     pub programs: Vec<PinnedProgram>,
+    /// How each group is measured (the variant, or why not), as planned on this kernel.
+    #[serde(default)]
+    pub plan: Vec<PinnedGroup>,
     /// Map pins.
     pub maps: Vec<String>,
     /// `--max-workers`.
@@ -83,25 +86,33 @@ pub struct Meta {
 pub struct PinnedProgram {
     /// ELF name.
     pub program: String,
-    /// tp_btf tracepoint.
+    /// The tracepoint (tp_btf) or kernel function (fexit) it is attached to.
     pub tracepoint: String,
+    /// `tp_btf` or `fexit`.
+    #[serde(default = "tp_btf")]
+    pub attach: String,
     /// Its link's pin in the set.
     pub link: String,
 }
 
-/// The `--programs` name of a group.
-fn group_name(group: ProgramGroup) -> &'static str {
-    match group {
-        ProgramGroup::Cpu => "cpu",
-        ProgramGroup::Delays => "delays",
-        ProgramGroup::Net => "net",
-        ProgramGroup::Floor => "floor",
-        ProgramGroup::Lifecycle => "workers",
-    }
+fn tp_btf() -> String {
+    "tp_btf".into()
+}
+
+/// How one group of a pin set is measured.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinnedGroup {
+    /// `--programs` name.
+    pub group: String,
+    /// The variant's name; `None` when the group is not measured.
+    pub variant: Option<String>,
+    /// Why not, when it is not.
+    #[serde(default)]
+    pub missing: Vec<String>,
 }
 
 fn group_names(groups: &[ProgramGroup]) -> Vec<String> {
-    let mut names: Vec<String> = groups.iter().map(|&g| group_name(g).to_string()).collect();
+    let mut names: Vec<String> = groups.iter().map(|&g| g.name().to_string()).collect();
     names.sort_unstable();
     names.dedup();
     names
@@ -109,10 +120,28 @@ fn group_names(groups: &[ProgramGroup]) -> Vec<String> {
 
 impl Meta {
     fn new(options: &LoadOptions, loaded: &Loaded) -> Self {
+        let plan = loaded
+            .plan
+            .groups
+            .iter()
+            .map(|(group, plan)| PinnedGroup {
+                group: group.name().to_string(),
+                variant: match plan {
+                    GroupPlan::Runs(variant) => Some(variant.name.to_string()),
+                    GroupPlan::Within(inside) => Some(format!("within {}", inside.name())),
+                    GroupPlan::Missing(_) => None,
+                },
+                missing: match plan {
+                    GroupPlan::Missing(reasons) => reasons.clone(),
+                    _ => Vec::new(),
+                },
+            })
+            .collect();
         let task = &loaded.task;
         let sched = task.sched_info.unwrap_or_default();
         let offsets = [
             ("sock.skc_family", loaded.family_offset),
+            ("socket.sk", loaded.socket_sk_offset),
             ("task_struct.se.sum_exec_runtime", task.sum_exec_runtime),
             ("task_struct.pid", task.pid),
             ("task_struct.cgroups", task.cgroups),
@@ -133,14 +162,18 @@ impl Meta {
             format_version: FORMAT_VERSION,
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             groups: group_names(&options.groups),
-            programs: programs_for(&options.groups)
+            programs: loaded
+                .plan
+                .programs()
                 .into_iter()
-                .map(|(program, tracepoint)| PinnedProgram {
-                    program: program.into(),
-                    tracepoint: tracepoint.into(),
-                    link: link_name(program),
+                .map(|planned| PinnedProgram {
+                    program: planned.program.into(),
+                    tracepoint: planned.attach.target().into(),
+                    attach: planned.attach.kind().into(),
+                    link: link_name(planned.program),
                 })
                 .collect(),
+            plan,
             maps: PINNED_MAPS.iter().map(|name| name.to_string()).collect(),
             max_workers: options.max_workers,
             offsets,
@@ -333,8 +366,10 @@ pub fn open_or_create(options: &LoadOptions, dir: &Path) -> anyhow::Result<Probe
 /// First start: load, attach, pin.
 fn create(options: &LoadOptions, dir: &Path, lock: File) -> anyhow::Result<Probe> {
     let mut loaded = super::load(options)?;
+    // Attach first: the kernel may refuse a variant, and the description records the outcome.
+    let links = super::attach_plan(&mut loaded)?;
     let meta = Meta::new(options, &loaded);
-    // The description first: whatever happens next, `unpin` knows the set.
+    // The description before any pin: whatever happens next, `unpin` knows the set.
     write_meta(dir, &meta)?;
     for name in &meta.maps {
         let map = loaded
@@ -344,26 +379,17 @@ fn create(options: &LoadOptions, dir: &Path, lock: File) -> anyhow::Result<Probe
         map.pin(dir.join(name))
             .with_context(|| format!("pinning map {name} in {}", dir.display()))?;
     }
-    for pinned in &meta.programs {
-        let link_id = super::attach(
-            &mut loaded.ebpf,
-            &loaded.btf,
-            &pinned.program,
-            &pinned.tracepoint,
-        )?;
-        let program = super::program_mut(&mut loaded.ebpf, &pinned.program)?;
-        let link = program
-            .take_link(link_id)
-            .with_context(|| format!("taking the link of program {}", pinned.program))?;
+    for (planned, link) in links {
         // Dropping the pinned link closes our descriptor; the pin keeps it attached.
-        FdLink::from(link)
-            .pin(dir.join(&pinned.link))
-            .with_context(|| format!("pinning the link of program {}", pinned.program))?;
+        super::take_link(&mut loaded.ebpf, &planned, link)?
+            .pin(dir.join(link_name(planned.program)))
+            .with_context(|| format!("pinning the link of program {}", planned.program))?;
     }
     super::switch_on_every_cpu();
     Ok(Probe {
         ebpf: Some(loaded.ebpf),
         maps: HashMap::new(),
+        plan: loaded.plan,
         _lock: Some(lock),
     })
 }
@@ -414,8 +440,38 @@ fn open_pinned(
     Ok(Probe {
         ebpf: None,
         maps,
+        plan: recorded_plan(meta),
         _lock: Some(lock),
     })
+}
+
+/// The plan a pin set was made with. A description from before plans were recorded ran every
+/// group it names with its first variant.
+fn recorded_plan(meta: &Meta) -> Plan {
+    let groups = meta
+        .groups
+        .iter()
+        .filter_map(|name| ProgramGroup::from_name(name))
+        .map(|group| {
+            let pinned = meta.plan.iter().find(|p| p.group == group.name());
+            let variants = super::plan::variants(group);
+            let plan = match pinned {
+                None => GroupPlan::Runs(&variants[0]),
+                Some(PinnedGroup { variant: None, missing, .. }) => {
+                    GroupPlan::Missing(missing.clone())
+                }
+                Some(PinnedGroup {
+                    variant: Some(name),
+                    ..
+                }) => match variants.iter().find(|v| v.name == name) {
+                    Some(variant) => GroupPlan::Runs(variant),
+                    None => GroupPlan::Within(ProgramGroup::Delays),
+                },
+            };
+            (group, plan)
+        })
+        .collect();
+    Plan::recorded(groups)
 }
 
 /// What `unpin` removed.
@@ -517,8 +573,10 @@ mod tests {
             programs: vec![PinnedProgram {
                 program: "switch_full".into(),
                 tracepoint: "sched_switch".into(),
+                attach: "tp_btf".into(),
                 link: link_name("switch_full"),
             }],
+            plan: Vec::new(),
             maps: vec![CPU_STATS_MAP.into()],
             max_workers: 7,
             offsets: Default::default(),

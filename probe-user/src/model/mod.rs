@@ -9,6 +9,6 @@ mod stats;
 pub mod summary;
 
 pub use sample::{
-    CpuStatUsec, Drops, LifecycleEvent, MemoryReading, MemorySource, Sample, WorkerCounters,
+    CpuStatUsec, Drops, LifecycleEvent, Measured, MemoryReading, MemorySource, Sample, WorkerCounters,
 };
 pub use stats::{Delays, FamilyDelta, Interval, WorkerStats, diff, totals};

@@ -37,9 +37,37 @@ pub struct Drops {
     pub by_map: Vec<u64>,
 }
 
+/// Which measurements the attached programs make. What is not measured is shown as not
+/// measured (null, `n/a`) downstream, never as zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Measured {
+    /// On-CPU time per CPU and context switches.
+    pub cpu: bool,
+    /// Run-queue wait, blocked on I/O and sleep.
+    pub delays: bool,
+    /// Socket bytes and calls.
+    pub net: bool,
+    /// Workers made and removed (exit summaries as they happen).
+    pub lifecycle: bool,
+}
+
+impl Default for Measured {
+    /// Everything: what every recording made before this field existed measured.
+    fn default() -> Self {
+        Self {
+            cpu: true,
+            delays: true,
+            net: true,
+            lifecycle: true,
+        }
+    }
+}
+
 /// All workers' cumulative counters at one moment.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Sample {
+    /// What the counters cover; the rest reads zero but is not measured.
+    pub measured: Measured,
     /// When the maps were read.
     pub taken_at: Option<Timestamp>,
     /// Counters per cgroup id.

@@ -3,11 +3,14 @@
 //!
 //! Modes:
 //! - `spin MS THREADS`: THREADS threads busy-loop for MS milliseconds of wall time.
-//! - `recv tcp|udp|unix ADDR DATAGRAMS`: bind ADDR (port 0 = any), print `{"addr":…}`, then
-//!   receive until EOF (stream) or DATAGRAMS datagrams / 2 s of silence (udp); stream modes
-//!   also MSG_PEEK before reading. Prints `{"received_bytes","received_calls","peeked_bytes"}`.
-//! - `send tcp|udp|unix ADDR TOTAL SIZES`: send TOTAL bytes in writes cycling through the
-//!   comma-separated SIZES, then try one send that must fail. Prints
+//! - `recv tcp|udp|unix|unixgram|seqpacket|udp-mmsg ADDR DATAGRAMS`: bind ADDR (port 0 = any; a path
+//!   for unix and seqpacket), print `{"addr":…}`, then receive until EOF (stream, seqpacket)
+//!   or DATAGRAMS datagrams / 2 s of silence (udp, unixgram: recv; udp-mmsg: recvmmsg in batches of 8);
+//!   every mode MSG_PEEKs first. Prints `{"received_bytes","received_calls","peeked_bytes"}`,
+//!   a call being one message (one datagram of a recvmmsg).
+//! - `send tcp|udp|unix|unixgram|seqpacket|udp-mmsg ADDR TOTAL SIZES`: send TOTAL bytes in messages
+//!   cycling through the comma-separated SIZES (udp-mmsg: sendmmsg of up to 8, addressed to
+//!   ADDR on an unconnected socket), then try one send that must fail. Prints
 //!   `{"sent_bytes","sent_calls","failed_sends"}`.
 //! - `nap COUNT MS`: sleep COUNT times MS milliseconds.
 //! - `pinned-spin MS THREADS CPU`: like `spin`, every thread pinned to CPU; prints the
@@ -171,6 +174,71 @@ fn recv(proto: &str, addr: &str, datagrams: u64) {
                 calls += 1;
             }
         }
+        "unixgram" => {
+            let socket = std::os::unix::net::UnixDatagram::bind(addr).expect("bind unixgram");
+            announce(addr);
+            socket
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            loop {
+                let got = peek(socket.as_raw_fd(), &mut buf[..65536]);
+                if got > 0 {
+                    peeked += got;
+                    break;
+                }
+            }
+            while calls < datagrams {
+                match socket.recv(&mut buf) {
+                    Ok(n) => {
+                        bytes += n as u64;
+                        calls += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        "seqpacket" => {
+            let listener = seqpacket_listen(addr);
+            announce(addr);
+            // SAFETY: accept on our listening descriptor.
+            let conn = unsafe { libc::accept(listener, std::ptr::null_mut(), std::ptr::null_mut()) };
+            assert!(conn >= 0, "accept seqpacket");
+            peeked += peek(conn, &mut buf[..4096]);
+            loop {
+                // SAFETY: buf is valid for its length.
+                let n = unsafe { libc::recv(conn, buf.as_mut_ptr().cast(), buf.len(), 0) };
+                assert!(n >= 0, "recv seqpacket");
+                if n == 0 {
+                    break;
+                }
+                bytes += n as u64;
+                calls += 1;
+            }
+        }
+        "udp-mmsg" => {
+            let socket = UdpSocket::bind(addr).expect("bind udp");
+            set_rcvbuf(socket.as_raw_fd(), 8 << 20);
+            announce(&socket.local_addr().expect("addr").to_string());
+            socket
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            loop {
+                let got = peek(socket.as_raw_fd(), &mut buf[..65536]);
+                if got > 0 {
+                    peeked += got;
+                    break;
+                }
+            }
+            while calls < datagrams {
+                match recv_batch(socket.as_raw_fd(), &mut buf) {
+                    Some(lengths) => {
+                        bytes += lengths.iter().sum::<u64>();
+                        calls += lengths.len() as u64;
+                    }
+                    None => break,
+                }
+            }
+        }
         "udp" => {
             let socket = UdpSocket::bind(addr).expect("bind udp");
             set_rcvbuf(socket.as_raw_fd(), 8 << 20);
@@ -200,6 +268,119 @@ fn recv(proto: &str, addr: &str, datagrams: u64) {
         _ => usage(),
     }
     println!(r#"{{"received_bytes":{bytes},"received_calls":{calls},"peeked_bytes":{peeked}}}"#);
+}
+
+/// Datagrams in one recvmmsg or sendmmsg.
+const BATCH: usize = 8;
+
+/// One recvmmsg of up to [`BATCH`] datagrams of up to 64 KiB each into `buf`; their lengths, or
+/// `None` after the socket's timeout.
+fn recv_batch(fd: i32, buf: &mut [u8]) -> Option<Vec<u64>> {
+    let slot = 65536;
+    // SAFETY: zeroed iovec and mmsghdr are valid; each iovec points into its own part of buf.
+    let mut iovecs: Vec<libc::iovec> = (0..BATCH)
+        .map(|i| libc::iovec {
+            iov_base: buf[i * slot..].as_mut_ptr().cast(),
+            iov_len: slot,
+        })
+        .collect();
+    let mut messages: Vec<libc::mmsghdr> = iovecs
+        .iter_mut()
+        .map(|iov| {
+            // SAFETY: an all-zero mmsghdr is valid.
+            let mut message: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            message.msg_hdr.msg_iov = iov;
+            message.msg_hdr.msg_iovlen = 1;
+            message
+        })
+        .collect();
+    // SAFETY: messages and their buffers stay valid for the call.
+    let n = unsafe {
+        libc::recvmmsg(
+            fd,
+            messages.as_mut_ptr(),
+            BATCH as u32,
+            libc::MSG_WAITFORONE,
+            std::ptr::null_mut(),
+        )
+    };
+    (n > 0).then(|| {
+        messages[..n as usize]
+            .iter()
+            .map(|m| u64::from(m.msg_len))
+            .collect()
+    })
+}
+
+/// A listening SOCK_SEQPACKET unix socket at `path`.
+fn seqpacket_listen(path: &str) -> i32 {
+    let (addr, len) = unix_addr(path);
+    // SAFETY: plain socket calls on a descriptor we own, with a valid address.
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
+        assert!(fd >= 0, "socket seqpacket");
+        assert_eq!(libc::bind(fd, (&addr as *const libc::sockaddr_un).cast(), len), 0, "bind seqpacket");
+        assert_eq!(libc::listen(fd, 1), 0, "listen seqpacket");
+        fd
+    }
+}
+
+/// A SOCK_SEQPACKET unix socket connected to `path`.
+fn seqpacket_connect(path: &str) -> i32 {
+    let (addr, len) = unix_addr(path);
+    // SAFETY: as above.
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
+        assert!(fd >= 0, "socket seqpacket");
+        assert_eq!(libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), len), 0, "connect seqpacket");
+        fd
+    }
+}
+
+fn unix_addr(path: &str) -> (libc::sockaddr_un, libc::socklen_t) {
+    // SAFETY: an all-zero sockaddr_un is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in addr.sun_path.iter_mut().zip(path.as_bytes()) {
+        *dst = *src as libc::c_char;
+    }
+    (addr, std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t)
+}
+
+/// One sendmmsg of `sizes.len()` datagrams from `payload` to `to`; how many it sent.
+fn send_batch(fd: i32, to: &std::net::SocketAddr, payload: &[u8], sizes: &[usize]) -> usize {
+    let std::net::SocketAddr::V4(v4) = to else {
+        panic!("udp-mmsg sends to IPv4 only")
+    };
+    // SAFETY: an all-zero sockaddr_in is valid.
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    addr.sin_family = libc::AF_INET as libc::sa_family_t;
+    addr.sin_port = v4.port().to_be();
+    addr.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+    let mut iovecs: Vec<libc::iovec> = sizes
+        .iter()
+        .map(|&size| libc::iovec {
+            iov_base: payload.as_ptr() as *mut _,
+            iov_len: size,
+        })
+        .collect();
+    let mut messages: Vec<libc::mmsghdr> = iovecs
+        .iter_mut()
+        .map(|iov| {
+            // SAFETY: an all-zero mmsghdr is valid.
+            let mut message: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            // The same address on every message: the kernel's fast path for repeats.
+            message.msg_hdr.msg_name = (&mut addr as *mut libc::sockaddr_in).cast();
+            message.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            message.msg_hdr.msg_iov = iov;
+            message.msg_hdr.msg_iovlen = 1;
+            message
+        })
+        .collect();
+    // SAFETY: messages, the address and the payload stay valid for the call.
+    let n = unsafe { libc::sendmmsg(fd, messages.as_mut_ptr(), messages.len() as u32, 0) };
+    assert!(n > 0, "sendmmsg: {}", std::io::Error::last_os_error());
+    n as usize
 }
 
 fn set_rcvbuf(fd: i32, bytes: i32) {
@@ -251,6 +432,52 @@ fn send(proto: &str, addr: &str, total: u64, sizes: &str) {
                 .shutdown(std::net::Shutdown::Write)
                 .expect("shutdown");
             failing_send(stream.as_raw_fd())
+        }
+        "unixgram" => {
+            let socket = std::os::unix::net::UnixDatagram::unbound().expect("unixgram");
+            socket.connect(addr).expect("connect unixgram");
+            write_all(&mut |buf| socket.send(buf));
+            // Not connected, no address: ENOTCONN.
+            let unconnected = std::os::unix::net::UnixDatagram::unbound().expect("unixgram");
+            failing_send(unconnected.as_raw_fd())
+        }
+        "seqpacket" => {
+            let fd = seqpacket_connect(addr);
+            write_all(&mut |buf| {
+                // SAFETY: buf is valid for its length.
+                let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), 0) };
+                if n < 0 {
+                    Err(std::io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            // SAFETY: shutdown of our descriptor.
+            unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+            failing_send(fd)
+        }
+        "udp-mmsg" => {
+            let socket = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+            let to: std::net::SocketAddr = addr.parse().expect("udp address");
+            let mut next = 0;
+            while bytes < total {
+                let mut batch = Vec::new();
+                let mut planned = bytes;
+                while batch.len() < BATCH && planned < total {
+                    let size = sizes[next % sizes.len()].min((total - planned) as usize);
+                    next += 1;
+                    planned += size as u64;
+                    batch.push(size);
+                }
+                std::thread::sleep(Duration::from_micros(20 * batch.len() as u64));
+                let sent = send_batch(socket.as_raw_fd(), &to, &payload, &batch);
+                bytes += batch[..sent].iter().map(|&size| size as u64).sum::<u64>();
+                calls += sent as u64;
+                // What was not sent goes again in the next batch.
+                next -= batch.len() - sent;
+            }
+            let unconnected = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+            failing_send(unconnected.as_raw_fd())
         }
         "udp" => {
             let socket = UdpSocket::bind("127.0.0.1:0").expect("bind udp");

@@ -1,0 +1,221 @@
+//! What the running kernel offers the programs, probed before anything is loaded: tracepoints
+//! and functions in its BTF, fexit trampolines, task-local storage, the scheduler's run-queue
+//! accounting. [`super::plan`] turns these facts into the programs to attach.
+
+use std::collections::BTreeMap;
+
+use btf_rs::{Btf, Type};
+
+/// One thing a program needs from the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Need {
+    /// A tracepoint usable by `tp_btf` (a `btf_trace_<name>` type in the kernel's BTF) with at
+    /// least `args` arguments.
+    Tracepoint {
+        /// Tracepoint name.
+        name: &'static str,
+        /// Arguments the program reads.
+        args: usize,
+    },
+    /// A kernel function fexit can attach to, with these parameter names, in this order.
+    Function {
+        /// Function name.
+        name: &'static str,
+        /// Its parameters as the program reads them.
+        params: &'static [&'static str],
+    },
+    /// fentry/fexit trampolines (BPF_PROG_TYPE_TRACING attach).
+    Fexit,
+    /// `BPF_MAP_TYPE_TASK_STORAGE` usable from tracing programs.
+    TaskStorage,
+    /// `task_struct.sched_info` (CONFIG_SCHED_INFO): the scheduler's run-queue accounting.
+    SchedInfo,
+}
+
+impl Need {
+    /// What is missing, and where it can be had, as the end of a sentence.
+    pub fn describe_missing(&self) -> String {
+        match self {
+            Need::Tracepoint {
+                name: "sock_send_length" | "sock_recv_length",
+                ..
+            } => "the sock_send_length/sock_recv_length tracepoints (Linux 6.3+)".into(),
+            Need::Tracepoint {
+                name: "sched_switch",
+                args,
+            } if *args >= 4 => {
+                "a sched_switch tracepoint that passes prev_state (Linux 5.18+)".into()
+            }
+            Need::Tracepoint { name, .. } => format!("the {name} tracepoint in the kernel's BTF"),
+            Need::Function { name, .. } => {
+                format!("a traceable {name}() of the expected signature in the kernel's BTF")
+            }
+            Need::Fexit => {
+                "fexit programs (BPF trampolines: Linux 5.5+ built with CONFIG_DYNAMIC_FTRACE_WITH_DIRECT_CALLS)".into()
+            }
+            Need::TaskStorage => "task-local storage for tracing programs (Linux 5.11+)".into(),
+            Need::SchedInfo => "run-queue accounting (a kernel built with CONFIG_SCHED_INFO)".into(),
+        }
+    }
+}
+
+/// The probed facts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelFeatures {
+    /// Tracepoints found, with the number of arguments each passes.
+    pub tracepoints: BTreeMap<String, usize>,
+    /// Functions found, with their parameter names.
+    pub functions: BTreeMap<String, Vec<String>>,
+    /// fexit programs can be loaded and attached.
+    pub fexit: bool,
+    /// Task-local storage maps can be made.
+    pub task_storage: bool,
+    /// `task_struct.sched_info` exists.
+    pub sched_info: bool,
+}
+
+impl KernelFeatures {
+    /// Whether the kernel meets `need`.
+    pub fn has(&self, need: &Need) -> bool {
+        match need {
+            Need::Tracepoint { name, args } => {
+                self.tracepoints.get(*name).is_some_and(|found| found >= args)
+            }
+            Need::Function { name, params } => self
+                .functions
+                .get(*name)
+                .is_some_and(|found| found.iter().map(String::as_str).eq(params.iter().copied())),
+            Need::Fexit => self.fexit,
+            Need::TaskStorage => self.task_storage,
+            Need::SchedInfo => self.sched_info,
+        }
+    }
+
+    /// Probes the running kernel for every need in `needs`: BTF lookups, and for fexit and task
+    /// storage a trial load of a trivial program or map (aya's feature probes).
+    pub fn probe(btf: &Btf, needs: &[Need], sched_info: bool) -> Self {
+        let mut features = Self {
+            sched_info,
+            ..Self::default()
+        };
+        for need in needs {
+            match need {
+                Need::Tracepoint { name, .. } => {
+                    if let Some(args) = tracepoint_args(btf, name) {
+                        features.tracepoints.insert(name.to_string(), args);
+                    }
+                }
+                Need::Function { name, .. } => {
+                    if let Some(params) = function_params(btf, name) {
+                        features.functions.insert(name.to_string(), params);
+                    }
+                }
+                Need::Fexit => {
+                    features.fexit =
+                        aya::sys::is_program_supported(aya::programs::ProgramType::Tracing)
+                            .unwrap_or(false);
+                }
+                Need::TaskStorage => {
+                    features.task_storage =
+                        aya::sys::is_map_supported(aya::maps::MapType::TaskStorage)
+                            .unwrap_or(false);
+                }
+                Need::SchedInfo => {}
+            }
+        }
+        features
+    }
+}
+
+/// Arguments of tracepoint `name` as `tp_btf` programs see them: the parameters of
+/// `btf_trace_<name>` (a pointer to a prototype whose first parameter is the tracepoint's
+/// `void *` context), minus that context.
+fn tracepoint_args(btf: &Btf, name: &str) -> Option<usize> {
+    let typedef = btf
+        .resolve_types_by_name(&format!("btf_trace_{name}"))
+        .ok()?
+        .into_iter()
+        .find(|candidate| matches!(candidate, Type::Typedef(_)))?;
+    let mut ty = typedef;
+    // typedef → pointer → prototype.
+    for _ in 0..4 {
+        ty = match &ty {
+            Type::Typedef(t) => btf.resolve_chained_type(t).ok()?,
+            Type::Ptr(t) => btf.resolve_chained_type(t).ok()?,
+            Type::FuncProto(proto) => return Some(proto.parameters.len().saturating_sub(1)),
+            _ => return None,
+        };
+    }
+    None
+}
+
+/// Parameter names of function `name` in the kernel's BTF.
+fn function_params(btf: &Btf, name: &str) -> Option<Vec<String>> {
+    let func = btf
+        .resolve_types_by_name(name)
+        .ok()?
+        .into_iter()
+        .find_map(|candidate| match candidate {
+            Type::Func(func) => Some(func),
+            _ => None,
+        })?;
+    let Type::FuncProto(proto) = btf.resolve_chained_type(&func).ok()? else {
+        return None;
+    };
+    proto
+        .parameters
+        .iter()
+        .map(|param| btf.resolve_name(param).ok())
+        .collect()
+}
+
+/// The running kernel's release (`uname -r`), for messages and reports.
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|text| text.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn needs_compare_arguments_and_parameter_names() {
+        let mut features = KernelFeatures::default();
+        features.tracepoints.insert("sched_switch".into(), 3);
+        features.functions.insert(
+            "sock_sendmsg".into(),
+            vec!["sock".to_string(), "msg".to_string()],
+        );
+        assert!(features.has(&Need::Tracepoint {
+            name: "sched_switch",
+            args: 3
+        }));
+        // Before 5.18 sched_switch passed no prev_state.
+        assert!(!features.has(&Need::Tracepoint {
+            name: "sched_switch",
+            args: 4
+        }));
+        assert!(features.has(&Need::Function {
+            name: "sock_sendmsg",
+            params: &["sock", "msg"]
+        }));
+        assert!(!features.has(&Need::Function {
+            name: "sock_sendmsg",
+            params: &["sock", "msg", "flags"]
+        }));
+        assert!(!features.has(&Need::Fexit));
+    }
+
+    #[test]
+    fn missing_needs_name_the_version_that_has_them() {
+        let text = Need::Tracepoint {
+            name: "sock_send_length",
+            args: 3,
+        }
+        .describe_missing();
+        assert!(text.contains("6.3"), "{text}");
+        assert!(Need::TaskStorage.describe_missing().contains("5.11"));
+    }
+}

@@ -1,0 +1,570 @@
+//! The one place kernel differences are decided: for each program group the user asked for,
+//! the first variant whose needs the running kernel meets, or the reason none does.
+//!
+//! Pure: a plan is made from [`KernelFeatures`], so every kernel of the matrix can be planned
+//! in a unit test. Collect, model and sinks never look at kernel versions: they see the same
+//! counters whichever variant fills them, and [`Measured`] for what no variant could.
+
+use super::{
+    ProgramGroup,
+    features::{KernelFeatures, Need},
+};
+use crate::model::Measured;
+
+/// How a program is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Attach {
+    /// `tp_btf` on the named tracepoint.
+    TpBtf(&'static str),
+    /// `fexit` on the named kernel function.
+    FExit(&'static str),
+}
+
+impl Attach {
+    /// The attach kind as recorded in pin sets and reports (`tp_btf`, `fexit`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Attach::TpBtf(_) => "tp_btf",
+            Attach::FExit(_) => "fexit",
+        }
+    }
+
+    /// The tracepoint or function.
+    pub fn target(&self) -> &'static str {
+        match self {
+            Attach::TpBtf(target) | Attach::FExit(target) => target,
+        }
+    }
+}
+
+/// One program of the eBPF object and where it goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PlannedProgram {
+    /// ELF name of the program.
+    pub program: &'static str,
+    /// Where it is attached.
+    pub attach: Attach,
+}
+
+/// One way to measure a group.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Variant {
+    /// Short name shown in reports, e.g. `tp_btf sock_*_length`.
+    pub name: &'static str,
+    /// What the kernel must offer.
+    pub needs: &'static [Need],
+    /// The programs it attaches.
+    pub programs: &'static [PlannedProgram],
+}
+
+const fn tp(program: &'static str, tracepoint: &'static str) -> PlannedProgram {
+    PlannedProgram {
+        program,
+        attach: Attach::TpBtf(tracepoint),
+    }
+}
+
+const fn fexit(program: &'static str, function: &'static str) -> PlannedProgram {
+    PlannedProgram {
+        program,
+        attach: Attach::FExit(function),
+    }
+}
+
+/// sched_switch with its `prev_state` argument (5.18+): the switch programs read it.
+const SCHED_SWITCH: Need = Need::Tracepoint {
+    name: "sched_switch",
+    args: 4,
+};
+
+const CPU: &[Variant] = &[Variant {
+    name: "tp_btf sched_switch",
+    needs: &[SCHED_SWITCH, Need::TaskStorage],
+    programs: &[tp("switch_cpu", "sched_switch")],
+}];
+
+const DELAYS: &[Variant] = &[Variant {
+    name: "tp_btf sched_switch, sched_wakeup",
+    needs: &[
+        SCHED_SWITCH,
+        Need::Tracepoint {
+            name: "sched_wakeup",
+            args: 1,
+        },
+        Need::Tracepoint {
+            name: "sched_wakeup_new",
+            args: 1,
+        },
+        Need::TaskStorage,
+        Need::SchedInfo,
+    ],
+    programs: &[
+        tp("switch_full", "sched_switch"),
+        tp("wakeup", "sched_wakeup"),
+        tp("wakeup_new", "sched_wakeup_new"),
+    ],
+}];
+
+/// The socket-length tracepoints (6.3+) first: cheapest, and every call path.
+const NET: &[Variant] = &[
+    Variant {
+        name: "tp_btf sock_send_length, sock_recv_length",
+        needs: &[
+            Need::Tracepoint {
+                name: "sock_send_length",
+                args: 3,
+            },
+            Need::Tracepoint {
+                name: "sock_recv_length",
+                args: 3,
+            },
+        ],
+        programs: &[
+            tp("sock_send", "sock_send_length"),
+            tp("sock_recv", "sock_recv_length"),
+        ],
+    },
+    Variant {
+        name: "fexit on inet/inet6/unix sendmsg, recvmsg",
+        needs: &[
+            Need::Fexit,
+            SENDMSG("inet_sendmsg"),
+            SENDMSG("inet6_sendmsg"),
+            Need::Function {
+                name: "unix_stream_sendmsg",
+                params: &["sock", "msg", "len"],
+            },
+            Need::Function {
+                name: "unix_dgram_sendmsg",
+                params: &["sock", "msg", "len"],
+            },
+            RECVMSG("inet_recvmsg"),
+            RECVMSG("inet6_recvmsg"),
+            RECVMSG("unix_stream_recvmsg"),
+            Need::Function {
+                name: "__unix_dgram_recvmsg",
+                params: &["sk", "msg", "size", "flags"],
+            },
+        ],
+        programs: &[
+            fexit("inet_sendmsg_exit", "inet_sendmsg"),
+            fexit("inet6_sendmsg_exit", "inet6_sendmsg"),
+            fexit("unix_stream_sendmsg_exit", "unix_stream_sendmsg"),
+            fexit("unix_dgram_sendmsg_exit", "unix_dgram_sendmsg"),
+            fexit("inet_recvmsg_exit", "inet_recvmsg"),
+            fexit("inet6_recvmsg_exit", "inet6_recvmsg"),
+            fexit("unix_stream_recvmsg_exit", "unix_stream_recvmsg"),
+            fexit("unix_dgram_recvmsg_exit", "__unix_dgram_recvmsg"),
+        ],
+    },
+];
+
+/// An IPv4/IPv6 `sendmsg` as the fexit socket programs read it.
+#[allow(non_snake_case)]
+const fn SENDMSG(name: &'static str) -> Need {
+    Need::Function {
+        name,
+        params: &["sock", "msg", "size"],
+    }
+}
+
+/// A protocol's `recvmsg` as the fexit socket programs read it.
+#[allow(non_snake_case)]
+const fn RECVMSG(name: &'static str) -> Need {
+    Need::Function {
+        name,
+        params: &["sock", "msg", "size", "flags"],
+    }
+}
+
+const LIFECYCLE: &[Variant] = &[Variant {
+    name: "tp_btf cgroup_mkdir, cgroup_rmdir",
+    needs: &[
+        Need::Tracepoint {
+            name: "cgroup_mkdir",
+            args: 2,
+        },
+        Need::Tracepoint {
+            name: "cgroup_rmdir",
+            args: 2,
+        },
+    ],
+    programs: &[
+        tp("cgroup_mkdir", "cgroup_mkdir"),
+        tp("cgroup_rmdir", "cgroup_rmdir"),
+    ],
+}];
+
+const FLOOR: &[Variant] = &[Variant {
+    name: "tp_btf sched_switch (empty)",
+    needs: &[Need::Tracepoint {
+        name: "sched_switch",
+        args: 0,
+    }],
+    programs: &[tp("switch_floor", "sched_switch")],
+}];
+
+/// The variants of a group, best first.
+pub fn variants(group: ProgramGroup) -> &'static [Variant] {
+    match group {
+        ProgramGroup::Cpu => CPU,
+        ProgramGroup::Delays => DELAYS,
+        ProgramGroup::Net => NET,
+        ProgramGroup::Lifecycle => LIFECYCLE,
+        ProgramGroup::Floor => FLOOR,
+    }
+}
+
+/// Every need of every variant: what [`KernelFeatures::probe`] must look at.
+pub fn all_needs() -> Vec<Need> {
+    let mut needs: Vec<Need> = [
+        ProgramGroup::Cpu,
+        ProgramGroup::Delays,
+        ProgramGroup::Net,
+        ProgramGroup::Lifecycle,
+        ProgramGroup::Floor,
+    ]
+    .into_iter()
+    .flat_map(variants)
+    .flat_map(|variant| variant.needs.iter().copied())
+    .collect();
+    needs.sort_unstable();
+    needs.dedup();
+    needs
+}
+
+/// How one group is measured on this kernel.
+#[derive(Debug, PartialEq, Eq)]
+pub enum GroupPlan {
+    /// By this variant's programs.
+    Runs(&'static Variant),
+    /// By another group's programs (CPU time by the delays programs' sched_switch).
+    Within(ProgramGroup),
+    /// Not at all: why each variant cannot run, as ends of a sentence.
+    Missing(Vec<String>),
+}
+
+/// What to attach for the groups asked for.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Each asked-for group, in a fixed order, and how it is measured.
+    pub groups: Vec<(ProgramGroup, GroupPlan)>,
+    /// What the plan was made from, to fall back when the kernel refuses a variant.
+    features: KernelFeatures,
+}
+
+impl Plan {
+    /// Chooses, for each group in `asked`, the first variant `features` allows.
+    pub fn new(asked: &[ProgramGroup], features: &KernelFeatures) -> Self {
+        let mut asked = asked.to_vec();
+        asked.sort_unstable();
+        asked.dedup();
+        let choose = |group: ProgramGroup| choose(group, features, 0, Vec::new());
+        let delays_run = asked.contains(&ProgramGroup::Delays)
+            && matches!(choose(ProgramGroup::Delays), GroupPlan::Runs(_));
+        let groups = asked
+            .into_iter()
+            .map(|group| {
+                // The delays programs' sched_switch does the CPU accounting too: one switch
+                // program at a time.
+                let plan = if group == ProgramGroup::Cpu && delays_run {
+                    GroupPlan::Within(ProgramGroup::Delays)
+                } else {
+                    choose(group)
+                };
+                (group, plan)
+            })
+            .collect();
+        Self {
+            groups,
+            features: features.clone(),
+        }
+    }
+
+    /// A plan as recorded by a pin set: what ran when it was made.
+    pub fn recorded(groups: Vec<(ProgramGroup, GroupPlan)>) -> Self {
+        Self {
+            groups,
+            features: KernelFeatures::default(),
+        }
+    }
+
+    /// The programs to attach, each once.
+    pub fn programs(&self) -> Vec<PlannedProgram> {
+        let mut programs: Vec<PlannedProgram> = self
+            .groups
+            .iter()
+            .filter_map(|(_, plan)| match plan {
+                GroupPlan::Runs(variant) => Some(variant.programs.iter().copied()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        programs.sort_unstable();
+        programs.dedup();
+        programs
+    }
+
+    /// Which measurements the attached programs make.
+    pub fn measured(&self) -> Measured {
+        let runs = |group: ProgramGroup| {
+            self.groups
+                .iter()
+                .any(|(g, plan)| *g == group && !matches!(plan, GroupPlan::Missing(_)))
+        };
+        Measured {
+            cpu: runs(ProgramGroup::Cpu) || runs(ProgramGroup::Delays),
+            delays: runs(ProgramGroup::Delays),
+            net: runs(ProgramGroup::Net),
+            lifecycle: runs(ProgramGroup::Lifecycle),
+        }
+    }
+
+    /// The kernel refused `group`'s variant (`reason`, the end of a sentence): the group
+    /// falls back to its next variant the kernel allows, or is missing. CPU time measured
+    /// within the delays programs falls back with them.
+    pub fn fall_back(&mut self, group: ProgramGroup, reason: String) {
+        let features = self.features.clone();
+        for (g, plan) in &mut self.groups {
+            if *g != group {
+                continue;
+            }
+            let GroupPlan::Runs(failed) = plan else {
+                continue;
+            };
+            let next = variants(group)
+                .iter()
+                .position(|variant| std::ptr::eq(variant, *failed))
+                .map_or(usize::MAX, |at| at + 1);
+            *plan = choose(group, &features, next, vec![reason.clone()]);
+        }
+        if group == ProgramGroup::Delays {
+            for (g, plan) in &mut self.groups {
+                if *g == ProgramGroup::Cpu && *plan == GroupPlan::Within(ProgramGroup::Delays) {
+                    *plan = choose(ProgramGroup::Cpu, &features, 0, Vec::new());
+                }
+            }
+        }
+    }
+
+    /// Whether any program is attached at all.
+    pub fn runs_anything(&self) -> bool {
+        !self.programs().is_empty()
+    }
+
+    /// One sentence per group that is not measured, for the user.
+    pub fn notes(&self, kernel_release: &str) -> Vec<String> {
+        self.groups
+            .iter()
+            .filter_map(|(group, plan)| match plan {
+                GroupPlan::Missing(needs) => Some(format!(
+                    "{} {} not measured on Linux {kernel_release}: it needs {}; the other measurements run",
+                    group_description(*group),
+                    if matches!(group, ProgramGroup::Net | ProgramGroup::Delays) { "are" } else { "is" },
+                    needs.join(" or "),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `group → variant name` for every group that runs, `None` where it is missing.
+    pub fn summary(&self) -> Vec<(ProgramGroup, Option<&'static str>)> {
+        self.groups
+            .iter()
+            .map(|(group, plan)| {
+                let name = match plan {
+                    GroupPlan::Runs(variant) => Some(variant.name),
+                    GroupPlan::Within(_) => Some("within delays' sched_switch"),
+                    GroupPlan::Missing(_) => None,
+                };
+                (*group, name)
+            })
+            .collect()
+    }
+
+    /// The group a program belongs to.
+    pub fn group_of(&self, program: &str) -> Option<ProgramGroup> {
+        self.groups.iter().find_map(|(group, plan)| match plan {
+            GroupPlan::Runs(variant) if variant.programs.iter().any(|p| p.program == program) => {
+                Some(*group)
+            }
+            _ => None,
+        })
+    }
+}
+
+/// The first variant of `group` from index `from` whose needs `features` meets; otherwise
+/// missing, with `reasons` and each later variant's first unmet need.
+fn choose(
+    group: ProgramGroup,
+    features: &KernelFeatures,
+    from: usize,
+    mut reasons: Vec<String>,
+) -> GroupPlan {
+    for variant in variants(group).iter().skip(from) {
+        match variant.needs.iter().find(|need| !features.has(need)) {
+            None => return GroupPlan::Runs(variant),
+            Some(unmet) => reasons.push(unmet.describe_missing()),
+        }
+    }
+    GroupPlan::Missing(reasons)
+}
+
+/// How a group is named to users.
+fn group_description(group: ProgramGroup) -> &'static str {
+    match group {
+        ProgramGroup::Cpu => "CPU time (--programs cpu)",
+        ProgramGroup::Delays => "run-queue, I/O and sleep times (--programs delays)",
+        ProgramGroup::Net => "socket bytes (--programs net)",
+        ProgramGroup::Lifecycle => "the end of each worker (--programs workers)",
+        ProgramGroup::Floor => "the empty benchmark program",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Features of Debian's 6.1 kernel as probed there: no socket-length tracepoints, fexit.
+    fn linux_6_1() -> KernelFeatures {
+        let mut features = KernelFeatures {
+            fexit: true,
+            task_storage: true,
+            sched_info: true,
+            ..KernelFeatures::default()
+        };
+        for (name, args) in [
+            ("sched_switch", 4),
+            ("sched_wakeup", 1),
+            ("sched_wakeup_new", 1),
+            ("cgroup_mkdir", 2),
+            ("cgroup_rmdir", 2),
+        ] {
+            features.tracepoints.insert(name.into(), args);
+        }
+        for need in variants(ProgramGroup::Net)[1].needs {
+            if let Need::Function { name, params } = need {
+                features
+                    .functions
+                    .insert(name.to_string(), params.iter().map(|p| p.to_string()).collect());
+            }
+        }
+        features
+    }
+
+    fn names(plan: &Plan) -> Vec<&'static str> {
+        plan.programs().iter().map(|p| p.program).collect()
+    }
+
+    #[test]
+    fn socket_lengths_where_the_tracepoints_exist() {
+        let mut features = linux_6_1();
+        features.tracepoints.insert("sock_send_length".into(), 3);
+        features.tracepoints.insert("sock_recv_length".into(), 3);
+        let plan = Plan::new(&ProgramGroup::DEFAULT, &features);
+        assert_eq!(
+            names(&plan),
+            [
+                "cgroup_mkdir",
+                "cgroup_rmdir",
+                "sock_recv",
+                "sock_send",
+                "switch_full",
+                "wakeup",
+                "wakeup_new"
+            ]
+        );
+        assert!(plan.notes("6.12").is_empty());
+        assert_eq!(plan.measured(), Measured::default());
+    }
+
+    #[test]
+    fn fexit_on_sock_sendmsg_before_6_3() {
+        let plan = Plan::new(&ProgramGroup::DEFAULT, &linux_6_1());
+        let programs = plan.programs();
+        assert!(programs.contains(&fexit("inet_sendmsg_exit", "inet_sendmsg")));
+        assert!(programs.contains(&fexit("unix_dgram_recvmsg_exit", "__unix_dgram_recvmsg")));
+        assert!(!names(&plan).contains(&"sock_send"));
+        assert!(plan.measured().net);
+    }
+
+    #[test]
+    fn without_either_net_is_missing_with_one_sentence_and_the_rest_runs() {
+        let mut features = linux_6_1();
+        features.fexit = false;
+        let plan = Plan::new(&ProgramGroup::DEFAULT, &features);
+        let notes = plan.notes("6.1.0");
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].starts_with("socket bytes"), "{}", notes[0]);
+        assert!(notes[0].contains("6.3") && notes[0].contains("fexit"), "{}", notes[0]);
+        let measured = plan.measured();
+        assert!(!measured.net && measured.cpu && measured.delays && measured.lifecycle);
+        assert!(names(&plan).contains(&"switch_full"));
+    }
+
+    #[test]
+    fn one_switch_program_at_a_time() {
+        let features = linux_6_1();
+        assert_eq!(
+            names(&Plan::new(&[ProgramGroup::Cpu], &features)),
+            ["switch_cpu"]
+        );
+        assert_eq!(
+            names(&Plan::new(
+                &[ProgramGroup::Cpu, ProgramGroup::Delays],
+                &features
+            )),
+            ["switch_full", "wakeup", "wakeup_new"]
+        );
+        // Without run-queue accounting the CPU program takes over.
+        let mut no_sched_info = features.clone();
+        no_sched_info.sched_info = false;
+        let plan = Plan::new(&[ProgramGroup::Cpu, ProgramGroup::Delays], &no_sched_info);
+        assert_eq!(names(&plan), ["switch_cpu"]);
+        assert!(plan.measured().cpu && !plan.measured().delays);
+        assert_eq!(
+            names(&Plan::new(&[ProgramGroup::Floor], &features)),
+            ["switch_floor"]
+        );
+    }
+
+    #[test]
+    fn an_old_sched_switch_leaves_cpu_out() {
+        let mut features = linux_6_1();
+        features.tracepoints.insert("sched_switch".into(), 3);
+        let plan = Plan::new(&ProgramGroup::DEFAULT, &features);
+        let measured = plan.measured();
+        assert!(!measured.cpu && !measured.delays && measured.net);
+        assert!(
+            plan.notes("5.15").iter().any(|note| note.contains("5.18")),
+            "{:?}",
+            plan.notes("5.15")
+        );
+    }
+
+    #[test]
+    fn a_refused_variant_falls_back_to_the_next() {
+        let mut features = linux_6_1();
+        features.tracepoints.insert("sock_send_length".into(), 3);
+        features.tracepoints.insert("sock_recv_length".into(), 3);
+        let mut plan = Plan::new(&ProgramGroup::DEFAULT, &features);
+        plan.fall_back(ProgramGroup::Net, "refused".into());
+        assert!(names(&plan).contains(&"inet_sendmsg_exit"));
+        plan.fall_back(ProgramGroup::Net, "fexit refused too".into());
+        assert!(!plan.measured().net);
+        assert!(plan.notes("x")[0].contains("fexit refused too"));
+        plan.fall_back(ProgramGroup::Delays, "no".into());
+        assert_eq!(
+            names(&plan),
+            ["cgroup_mkdir", "cgroup_rmdir", "switch_cpu"]
+        );
+    }
+
+    #[test]
+    fn every_need_is_probed() {
+        let needs = all_needs();
+        assert!(needs.contains(&Need::Fexit));
+        assert!(needs.contains(&Need::TaskStorage));
+    }
+}
