@@ -56,6 +56,44 @@ fn unescape_mountinfo(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// How cgroups are mounted on this host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CgroupLayout {
+    /// Only cgroup2 (current distributions, systemd's default since v247).
+    Unified,
+    /// cgroup2 beside v1 controller hierarchies.
+    Hybrid,
+}
+
+/// The layout of a mountinfo text: hybrid when any v1 hierarchy is mounted.
+pub fn parse_cgroup_layout(mountinfo: &str) -> CgroupLayout {
+    let v1 = mountinfo.lines().any(|line| {
+        line.split_once(" - ")
+            .and_then(|(_, after)| after.split_whitespace().next())
+            == Some("cgroup")
+    });
+    if v1 {
+        CgroupLayout::Hybrid
+    } else {
+        CgroupLayout::Unified
+    }
+}
+
+/// This host's cgroup layout.
+pub fn cgroup_layout() -> CgroupLayout {
+    parse_cgroup_layout(&fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
+}
+
+/// The controllers named in a cgroup's `cgroup.controllers` or `cgroup.subtree_control`.
+pub fn read_controllers(file: &Path) -> Vec<String> {
+    fs::read_to_string(file)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
 /// The cgroup v2 id of a cgroup directory: its inode number.
 pub fn cgroup_id(dir: &Path) -> std::io::Result<u64> {
     Ok(fs::metadata(dir)?.ino())
@@ -285,6 +323,14 @@ mod tests {
             parse_cgroup2_mount(mountinfo),
             Some(PathBuf::from("/sys/fs/cg root"))
         );
+    }
+
+    #[test]
+    fn tells_hybrid_from_unified() {
+        let hybrid = "35 31 0:31 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(parse_cgroup_layout(hybrid), CgroupLayout::Hybrid);
+        let unified = "29 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(parse_cgroup_layout(unified), CgroupLayout::Unified);
     }
 
     #[test]

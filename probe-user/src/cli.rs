@@ -46,6 +46,21 @@ pub enum Command {
     Report(ReportArgs),
     /// Remove a pin set made with --pin DIR: detach its programs, free its maps, remove DIR.
     Unpin(UnpinArgs),
+    /// Check this host: load and attach the programs, then print which variant each program
+    /// group uses on this kernel (or why it cannot run) and the cgroup2 layout; exits 1 when a
+    /// group asked for cannot run.
+    Check(CheckArgs),
+}
+
+/// `workerprobe check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// What to check (the same values as every command's --programs).
+    #[arg(long, value_delimiter = ',', default_value = "cpu,delays,net,workers")]
+    pub programs: Vec<ProgramChoice>,
 }
 
 /// `workerprobe unpin`.

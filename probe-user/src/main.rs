@@ -32,8 +32,10 @@ fn main() -> ExitCode {
 
 /// Runs the command; returns the exit code (a command's own for `exec`).
 fn run(cli: Cli) -> anyhow::Result<u8> {
-    if let Command::Exec(args) = &cli.command {
-        return app::exec::exec(args);
+    match &cli.command {
+        Command::Exec(args) => return app::exec::exec(args),
+        Command::Check(args) => return app::check::check(args),
+        _ => {}
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -51,7 +53,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             Command::Trace(args) => app::trace::trace(args),
             Command::Report(args) => app::report::report(args),
             Command::Unpin(args) => app::unpin::unpin(args),
-            Command::Exec(_) => Ok(()),
+            Command::Exec(_) | Command::Check(_) => Ok(()),
         }
     })?;
     Ok(0)

@@ -169,6 +169,7 @@ pub fn exec(args: &ExecArgs) -> anyhow::Result<u8> {
         &counters,
         ended.monotonic_ns,
         boot_offset_ns,
+        collector.measured(),
         Some(ExecOutcome {
             command: args.command.clone(),
             exit_code,

@@ -1,5 +1,6 @@
 //! The commands, wiring the stages: load → collect → model → sink.
 
+pub mod check;
 pub mod exec;
 pub mod plot;
 pub mod record;

@@ -16,7 +16,7 @@ use super::watch::Watcher;
 use crate::{
     cli::RecordArgs,
     clock::Timestamp,
-    model::{self, MemoryReading, Sample, selection::Selection, summary::ExitSummary},
+    model::{self, Measured, MemoryReading, Sample, selection::Selection, summary::ExitSummary},
     node::NodeFacts,
     recording::{
         FORMAT, RecordingWriter, SCHEMA_VERSION,
@@ -38,7 +38,7 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
     let mut watcher = Watcher::new(collector, selection.clone());
     let mut previous = watcher.sample()?;
     let run_started = previous.taken_at.unwrap_or_else(Timestamp::now);
-    writer.begin(header(args, run_started))?;
+    writer.begin(header(args, run_started, previous.measured))?;
     // On stderr: tells scripts (and the tests) that the recording has begun.
     crate::say!("workerprobe: recording to {}", args.out.display());
 
@@ -76,7 +76,7 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
 }
 
 /// The header of this run.
-fn header(args: &RecordArgs, run_started: Timestamp) -> HeaderLine {
+fn header(args: &RecordArgs, run_started: Timestamp, measured: Measured) -> HeaderLine {
     HeaderLine {
         schema_version: SCHEMA_VERSION,
         format: FORMAT.into(),
@@ -94,6 +94,7 @@ fn header(args: &RecordArgs, run_started: Timestamp) -> HeaderLine {
             .filter_map(|choice| choice.to_possible_value())
             .map(|value| value.get_name().to_string())
             .collect(),
+        measured,
     }
 }
 

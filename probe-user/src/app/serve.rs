@@ -28,14 +28,12 @@ use probe_common::{cpu::CpuStats, drops::DROP_NAMES, net::NetStats};
 
 use super::watch::Watcher;
 use crate::{
-    cli::{ProgramChoice, ServeArgs},
+    cli::ServeArgs,
     model::{
-        CpuStatUsec, Sample, WorkerCounters, identity::Identity, registry::WorkerRecord,
+        CpuStatUsec, Measured, Sample, WorkerCounters, identity::Identity, registry::WorkerRecord,
         selection::Selection, summary::ExitSummary,
     },
-    sink::prometheus::{
-        AgentCost, Exposition, Format, Measured, ProgramCost, WorkerSeries, render,
-    },
+    sink::prometheus::{AgentCost, Exposition, Format, ProgramCost, WorkerSeries, render},
 };
 
 /// How often worker exits are looked for, so a worker that lived 50 ms is still seen.
@@ -50,9 +48,10 @@ pub async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     // Bind first: a wrong address is told before anything is loaded into the kernel.
     let listener = bind(args.listen).await?;
     let collector = super::start_collector(&args.probe, true)?;
+    let measured = collector.measured();
     let mut collection = Collection::new(
         Watcher::new(collector, selection),
-        measured(&args.probe.programs),
+        measured,
         args.interval,
         args.exit_grace,
     );
@@ -147,16 +146,6 @@ async fn metrics(State(shared): State<Shared>, headers: HeaderMap) -> Response {
             "encoding the metrics failed\n",
         )
             .into_response(),
-    }
-}
-
-/// Which program groups `--programs` attaches.
-fn measured(programs: &[ProgramChoice]) -> Measured {
-    let delays = programs.contains(&ProgramChoice::Delays);
-    Measured {
-        cpu: delays || programs.contains(&ProgramChoice::Cpu),
-        delays,
-        net: programs.contains(&ProgramChoice::Net),
     }
 }
 
@@ -596,7 +585,7 @@ mod tests {
     }
 
     fn summary(record: &WorkerRecord, final_counters: &WorkerCounters) -> ExitSummary {
-        ExitSummary::new(record, final_counters, 1_000, 0, None)
+        ExitSummary::new(record, final_counters, 1_000, 0, Measured::default(), None)
     }
 
     #[test]
@@ -674,21 +663,6 @@ mod tests {
         let workers = book.workers();
         assert_eq!(workers.len(), 1, "one series per path");
         assert_eq!(workers[0].counters.on_cpu_ns(), 1);
-    }
-
-    #[test]
-    fn measured_follows_the_programs() {
-        let all = measured(&[
-            ProgramChoice::Cpu,
-            ProgramChoice::Delays,
-            ProgramChoice::Net,
-            ProgramChoice::Workers,
-        ]);
-        assert_eq!(all, Measured::default());
-        let net = measured(&[ProgramChoice::Net]);
-        assert!(net.net && !net.cpu && !net.delays);
-        let delays = measured(&[ProgramChoice::Delays]);
-        assert!(delays.cpu && delays.delays);
     }
 
     #[test]

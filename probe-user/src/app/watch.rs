@@ -122,8 +122,14 @@ impl Watcher {
             let counters = self.collector.finish(cgroup_id);
             // A cgroup that never ran a thread or moved a byte was not a worker.
             if let (Some(record), Some(counters)) = (record, counters) {
-                let summary =
-                    ExitSummary::new(&record, &counters, removed_at_ns, self.boot_offset_ns, None);
+                let summary = ExitSummary::new(
+                    &record,
+                    &counters,
+                    removed_at_ns,
+                    self.boot_offset_ns,
+                    self.collector.measured(),
+                    None,
+                );
                 summaries.push((summary, counters));
             }
         }

@@ -78,9 +78,10 @@ impl KernelFeatures {
     /// Whether the kernel meets `need`.
     pub fn has(&self, need: &Need) -> bool {
         match need {
-            Need::Tracepoint { name, args } => {
-                self.tracepoints.get(*name).is_some_and(|found| found >= args)
-            }
+            Need::Tracepoint { name, args } => self
+                .tracepoints
+                .get(*name)
+                .is_some_and(|found| found >= args),
             Need::Function { name, params } => self
                 .functions
                 .get(*name)
@@ -151,14 +152,13 @@ fn tracepoint_args(btf: &Btf, name: &str) -> Option<usize> {
 
 /// Parameter names of function `name` in the kernel's BTF.
 fn function_params(btf: &Btf, name: &str) -> Option<Vec<String>> {
-    let func = btf
-        .resolve_types_by_name(name)
-        .ok()?
-        .into_iter()
-        .find_map(|candidate| match candidate {
-            Type::Func(func) => Some(func),
-            _ => None,
-        })?;
+    let func =
+        btf.resolve_types_by_name(name).ok()?.into_iter().find_map(
+            |candidate| match candidate {
+                Type::Func(func) => Some(func),
+                _ => None,
+            },
+        )?;
     let Type::FuncProto(proto) = btf.resolve_chained_type(&func).ok()? else {
         return None;
     };

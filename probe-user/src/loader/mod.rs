@@ -17,8 +17,7 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::Map,
     programs::{
-        BtfTracePoint, FExit, fexit::FExitLinkId, links::FdLink,
-        tp_btf::BtfTracePointLinkId,
+        BtfTracePoint, FExit, fexit::FExitLinkId, links::FdLink, tp_btf::BtfTracePointLinkId,
     },
 };
 use probe_common::{
@@ -327,9 +326,7 @@ fn attach(ebpf: &mut Ebpf, btf: &Btf, planned: &PlannedProgram) -> Result<LinkId
     match planned.attach {
         Attach::TpBtf(tracepoint) => {
             let program: &mut BtfTracePoint = program.try_into().map_err(|_| refused("find"))?;
-            program
-                .load(tracepoint, btf)
-                .map_err(|_| refused("load"))?;
+            program.load(tracepoint, btf).map_err(|_| refused("load"))?;
             program
                 .attach()
                 .map(LinkId::TpBtf)

@@ -457,9 +457,11 @@ fn recorded_plan(meta: &Meta) -> Plan {
             let variants = super::plan::variants(group);
             let plan = match pinned {
                 None => GroupPlan::Runs(&variants[0]),
-                Some(PinnedGroup { variant: None, missing, .. }) => {
-                    GroupPlan::Missing(missing.clone())
-                }
+                Some(PinnedGroup {
+                    variant: None,
+                    missing,
+                    ..
+                }) => GroupPlan::Missing(missing.clone()),
                 Some(PinnedGroup {
                     variant: Some(name),
                     ..

@@ -445,9 +445,10 @@ mod tests {
         }
         for need in variants(ProgramGroup::Net)[1].needs {
             if let Need::Function { name, params } = need {
-                features
-                    .functions
-                    .insert(name.to_string(), params.iter().map(|p| p.to_string()).collect());
+                features.functions.insert(
+                    name.to_string(),
+                    params.iter().map(|p| p.to_string()).collect(),
+                );
             }
         }
         features
@@ -497,7 +498,11 @@ mod tests {
         let notes = plan.notes("6.1.0");
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(notes[0].starts_with("socket bytes"), "{}", notes[0]);
-        assert!(notes[0].contains("6.3") && notes[0].contains("fexit"), "{}", notes[0]);
+        assert!(
+            notes[0].contains("6.3") && notes[0].contains("fexit"),
+            "{}",
+            notes[0]
+        );
         let measured = plan.measured();
         assert!(!measured.net && measured.cpu && measured.delays && measured.lifecycle);
         assert!(names(&plan).contains(&"switch_full"));
@@ -555,10 +560,7 @@ mod tests {
         assert!(!plan.measured().net);
         assert!(plan.notes("x")[0].contains("fexit refused too"));
         plan.fall_back(ProgramGroup::Delays, "no".into());
-        assert_eq!(
-            names(&plan),
-            ["cgroup_mkdir", "cgroup_rmdir", "switch_cpu"]
-        );
+        assert_eq!(names(&plan), ["cgroup_mkdir", "cgroup_rmdir", "switch_cpu"]);
     }
 
     #[test]

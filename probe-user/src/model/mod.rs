@@ -9,6 +9,7 @@ mod stats;
 pub mod summary;
 
 pub use sample::{
-    CpuStatUsec, Drops, LifecycleEvent, Measured, MemoryReading, MemorySource, Sample, WorkerCounters,
+    CpuStatUsec, Drops, LifecycleEvent, Measured, MemoryReading, MemorySource, Sample,
+    WorkerCounters,
 };
 pub use stats::{Delays, FamilyDelta, Interval, WorkerStats, diff, totals};

@@ -174,6 +174,8 @@ pub struct Interval {
     pub drops: Vec<u64>,
     /// Drops since load per map.
     pub total_drops: Vec<u64>,
+    /// What the counters cover: the rest reads zero but is not measured.
+    pub measured: super::Measured,
 }
 
 impl Interval {
@@ -240,6 +242,7 @@ pub fn diff(previous: Option<&Sample>, current: &Sample) -> Interval {
         workers,
         drops,
         total_drops: current.drops.by_map.clone(),
+        measured: current.measured,
     }
 }
 
@@ -387,6 +390,7 @@ mod tests {
 
     fn sample(ms: u64, worker: WorkerCounters, drops: u64) -> Sample {
         Sample {
+            measured: Default::default(),
             taken_at: at(ms),
             workers: [(7, worker)].into_iter().collect(),
             drops: Drops {

@@ -7,7 +7,7 @@ use probe_common::net::FAMILY_NAMES;
 use serde::Serialize;
 
 use super::{
-    MemorySource, WorkerCounters,
+    Measured, MemorySource, WorkerCounters,
     identity::WorkerKind,
     registry::WorkerRecord,
     stats::{WorkerStats, totals},
@@ -74,10 +74,10 @@ pub struct ExitSummary {
     pub wall_seconds: f64,
     /// CPU use.
     pub cpu: SummaryCpu,
-    /// Where the threads' time went.
-    pub time: SummaryTime,
-    /// Socket payload.
-    pub net: SummaryNet,
+    /// Where the threads' time went; null when this kernel or `--programs` did not measure it.
+    pub time: Option<SummaryTime>,
+    /// Socket payload; null when not measured.
+    pub net: Option<SummaryNet>,
     /// Memory, when a source had it.
     pub memory: Option<SummaryMemory>,
     /// Context switches.
@@ -171,10 +171,10 @@ pub struct LithopsView {
     pub worker_func_cpu_system_time: Option<f64>,
     /// All CPU seconds.
     pub worker_func_cpu_total_time: f64,
-    /// Bytes sent.
-    pub worker_func_sent_net_io: u64,
-    /// Bytes received.
-    pub worker_func_recv_net_io: u64,
+    /// Bytes sent; null when not measured.
+    pub worker_func_sent_net_io: Option<u64>,
+    /// Bytes received; null when not measured.
+    pub worker_func_recv_net_io: Option<u64>,
     /// Resident memory at the last reading.
     pub worker_func_rss: Option<u64>,
     /// Peak memory (Lithops takes ru_maxrss).
@@ -193,6 +193,7 @@ impl ExitSummary {
         counters: &WorkerCounters,
         end_monotonic_ns: u64,
         boot_offset_ns: i128,
+        measured: Measured,
         exec: Option<ExecOutcome>,
     ) -> Self {
         let wall_ns = end_monotonic_ns.saturating_sub(record.started_at_monotonic_ns);
@@ -237,7 +238,7 @@ impl ExitSummary {
                 per_cpu_seconds: per_cpu_seconds.clone(),
                 cores: stats.cpu_cores(),
             },
-            time: SummaryTime {
+            time: measured.delays.then(|| SummaryTime {
                 on_cpu_seconds: seconds(stats.cpu_ns()),
                 runqueue_wait_seconds: seconds(delays.runqueue_wait_ns),
                 blocked_io_seconds: seconds(delays.blocked_io_ns),
@@ -246,14 +247,14 @@ impl ExitSummary {
                 runqueue_wait_p50_seconds: quantile(0.5),
                 runqueue_wait_p90_seconds: quantile(0.9),
                 runqueue_wait_p99_seconds: quantile(0.99),
-            },
-            net: SummaryNet {
+            }),
+            net: measured.net.then(|| SummaryNet {
                 sent_bytes: stats.sent_bytes(),
                 received_bytes: stats.received_bytes(),
                 sent_calls: stats.sent_calls(),
                 received_calls: stats.received_calls(),
                 families,
-            },
+            }),
             memory: memory.clone(),
             context_switches: SummarySwitches {
                 voluntary: stats.voluntary_switches,
@@ -268,8 +269,8 @@ impl ExitSummary {
                 worker_func_cpu_user_time: user_seconds,
                 worker_func_cpu_system_time: system_seconds,
                 worker_func_cpu_total_time: seconds(stats.cpu_ns()),
-                worker_func_sent_net_io: stats.sent_bytes(),
-                worker_func_recv_net_io: stats.received_bytes(),
+                worker_func_sent_net_io: measured.net.then(|| stats.sent_bytes()),
+                worker_func_recv_net_io: measured.net.then(|| stats.received_bytes()),
                 worker_func_rss: memory.as_ref().map(|memory| memory.last_bytes),
                 worker_peak_memory: peak,
             },
@@ -322,7 +323,14 @@ mod tests {
         };
         counters.net.families[FAMILY_IPV4].sent_bytes = 1234;
         counters.net.families[FAMILY_IPV4].sent_calls = 2;
-        let summary = ExitSummary::new(&record, &counters, 3_000_000_000, 0, None);
+        let summary = ExitSummary::new(
+            &record,
+            &counters,
+            3_000_000_000,
+            0,
+            Measured::default(),
+            None,
+        );
         assert_eq!(summary.wall_seconds, 2.0);
         assert_eq!(summary.cpu.total_seconds, 1.5);
         assert_eq!(summary.cpu.per_cpu_seconds, vec![1.0, 0.5]);
@@ -331,13 +339,31 @@ mod tests {
         assert_eq!(summary.kind, WorkerKind::SystemdService);
         assert_eq!(summary.lithops.worker_func_cpu_usage, vec![50.0, 25.0]);
         assert_eq!(summary.lithops.worker_func_cpu_user_time, Some(1.0));
-        assert_eq!(summary.lithops.worker_func_sent_net_io, 1234);
+        assert_eq!(summary.lithops.worker_func_sent_net_io, Some(1234));
         assert_eq!(summary.lithops.worker_peak_memory, Some(300));
         assert_eq!(summary.context_switches.voluntary, 3);
-        assert_eq!(summary.net.families["ipv4"], [1234, 0]);
+        assert_eq!(summary.net.as_ref().unwrap().families["ipv4"], [1234, 0]);
         let json = serde_json::to_value(&summary).expect("json");
         assert_eq!(json["type"], "exit");
         assert_eq!(json["kind"], "systemd_service");
         assert!(json.get("exec").is_none());
+        // What was not measured is null, never zero.
+        let cpu_only = Measured {
+            delays: false,
+            net: false,
+            ..Measured::default()
+        };
+        let json = serde_json::to_value(ExitSummary::new(
+            &record,
+            &counters,
+            3_000_000_000,
+            0,
+            cpu_only,
+            None,
+        ))
+        .expect("json");
+        assert!(json["time"].is_null() && json["net"].is_null(), "{json}");
+        assert!(json["lithops"]["worker_func_sent_net_io"].is_null());
+        assert_eq!(json["cpu"]["total_seconds"], 1.5);
     }
 }

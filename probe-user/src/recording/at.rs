@@ -181,6 +181,7 @@ mod tests {
             time: String::new(),
         };
         Tick {
+            measured: Default::default(),
             number: end_s,
             start: moment(start_s),
             end: moment(end_s),

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     clock::{Timestamp, rfc3339_from_unix_ns},
     model::{
-        CpuStatUsec, Drops, MemoryReading, WorkerCounters, WorkerStats,
+        CpuStatUsec, Drops, Measured, MemoryReading, WorkerCounters, WorkerStats,
         identity::{WorkerKind, identify},
         summary::ExitSummary,
     },
@@ -102,6 +102,10 @@ pub struct HeaderLine {
     pub worker_patterns: Vec<String>,
     /// The `--programs` loaded (cpu, delays, net, workers).
     pub programs: Vec<String>,
+    /// What this kernel let those programs measure: where a field is `false`, the ticks'
+    /// figures for it read zero but are not measured. Absent in older recordings: everything.
+    #[serde(default)]
+    pub measured: Measured,
 }
 
 /// One worker's tick: what it did in the interval, and its counters since the run began.
@@ -613,6 +617,7 @@ mod tests {
 
     fn sample(ms: u64, counters: WorkerCounters, drops: u64) -> Sample {
         Sample {
+            measured: Default::default(),
             taken_at: Some(at(ms)),
             workers: [(42, counters)].into_iter().collect(),
             drops: Drops {
@@ -668,11 +673,13 @@ mod tests {
         let text = serde_json::to_string(&line_between(&before, &after, 1)).expect("json");
         let line: TickLine = serde_json::from_str(&text).expect("parses");
         let rebuilt_before = Sample {
+            measured: Default::default(),
             taken_at: Some(line.start.timestamp()),
             workers: [(42, line.counters_before())].into_iter().collect(),
             drops: line.drops_before(),
         };
         let rebuilt_after = Sample {
+            measured: Default::default(),
             taken_at: Some(line.end.timestamp()),
             workers: [(42, line.counters_after())].into_iter().collect(),
             drops: line.drops_after(),
@@ -746,7 +753,14 @@ mod exit_tests {
             cpu_stat: None,
         };
         let counters = super::tests::busy_counters(1);
-        let summary = ExitSummary::new(&record, &counters, 2_000_000_000, 0, None);
+        let summary = ExitSummary::new(
+            &record,
+            &counters,
+            2_000_000_000,
+            0,
+            Measured::default(),
+            None,
+        );
         let text = serde_json::to_string(&ExitOut {
             schema_version: SCHEMA_VERSION,
             summary: &summary,

@@ -13,7 +13,7 @@ use std::{
 use anyhow::Context as _;
 
 use super::line::{ExitLine, FORMAT, HeaderLine, Line, Moment, SCHEMA_VERSION, TickLine};
-use crate::model::{Interval, Sample, diff};
+use crate::model::{Interval, Measured, Sample, diff};
 
 /// Longest line kept; anything longer is no line a recorder writes (a foreign or damaged
 /// file), and is skipped without holding it in memory.
@@ -48,6 +48,8 @@ pub struct Tick {
     pub start: Moment,
     /// End of the interval.
     pub end: Moment,
+    /// What the run measured (from its header).
+    pub measured: Measured,
     /// One line per worker active in it.
     pub workers: Vec<TickLine>,
 }
@@ -58,10 +60,12 @@ impl Tick {
     pub fn samples(&self) -> (Sample, Sample) {
         let mut before = Sample {
             taken_at: Some(self.start.timestamp()),
+            measured: self.measured,
             ..Sample::default()
         };
         let mut after = Sample {
             taken_at: Some(self.end.timestamp()),
+            measured: self.measured,
             ..Sample::default()
         };
         for line in &self.workers {
@@ -171,6 +175,7 @@ impl Segment {
                 number: line.tick,
                 start: line.start.clone(),
                 end: line.end.clone(),
+                measured: self.header.measured,
                 workers: vec![line],
             }),
         }

@@ -209,6 +209,7 @@ mod tests {
     fn header() -> HeaderLine {
         let now = Moment::from(Timestamp::now());
         HeaderLine {
+            measured: Default::default(),
             schema_version: super::super::line::SCHEMA_VERSION,
             format: super::super::line::FORMAT.into(),
             agent_version: "test".into(),

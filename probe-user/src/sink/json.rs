@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::{
     model::{
-        Interval, WorkerStats,
+        Interval, Measured, WorkerStats,
         identity::{WorkerKind, identify},
     },
     node::NodeFacts,
@@ -25,6 +25,8 @@ pub struct SnapshotDocument {
     pub window: Window,
     /// The node the workers ran on.
     pub node: NodeFacts,
+    /// What was measured: a `false` here is null in every worker, never zero.
+    pub measured: Measured,
     /// Workers active in the window, busiest first.
     pub workers: Vec<WorkerDocument>,
     /// Failed map inserts (lost events) per map: in the window and since load.
@@ -70,10 +72,10 @@ pub struct WorkerDocument {
     pub ids: BTreeMap<String, String>,
     /// CPU use.
     pub cpu: CpuDocument,
-    /// Where the threads' time went.
-    pub time: TimeDocument,
-    /// Socket traffic.
-    pub net: NetDocument,
+    /// Where the threads' time went; null when not measured (see `measured`).
+    pub time: Option<TimeDocument>,
+    /// Socket traffic; null when not measured.
+    pub net: Option<NetDocument>,
 }
 
 /// CPU use of a worker in a window.
@@ -187,8 +189,8 @@ fn seconds(ns: u64) -> f64 {
 }
 
 impl WorkerDocument {
-    /// The document of one worker's stats.
-    pub fn from_stats(worker: &WorkerStats) -> Self {
+    /// The document of one worker's stats, with null for what `measured` lacks.
+    pub fn from_stats(worker: &WorkerStats, measured: Measured) -> Self {
         let families = worker
             .net
             .iter()
@@ -226,8 +228,8 @@ impl WorkerDocument {
                 voluntary_switches: worker.voluntary_switches,
                 involuntary_switches: worker.involuntary_switches,
             },
-            time: TimeDocument::from_stats(worker),
-            net: NetDocument {
+            time: measured.delays.then(|| TimeDocument::from_stats(worker)),
+            net: measured.net.then(|| NetDocument {
                 sent_bytes: worker.sent_bytes(),
                 received_bytes: worker.received_bytes(),
                 sent_calls: worker.sent_calls(),
@@ -235,7 +237,7 @@ impl WorkerDocument {
                 sent_bytes_per_second: worker.sent_bytes_per_second(),
                 received_bytes_per_second: worker.received_bytes_per_second(),
                 families,
-            },
+            }),
         }
     }
 }
@@ -279,7 +281,11 @@ impl SnapshotDocument {
                 duration_seconds: seconds(interval.duration_ns()),
             },
             node,
-            workers: active.into_iter().map(WorkerDocument::from_stats).collect(),
+            measured: interval.measured,
+            workers: active
+                .into_iter()
+                .map(|worker| WorkerDocument::from_stats(worker, interval.measured))
+                .collect(),
             drops,
         }
     }

@@ -28,32 +28,11 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::model::{WorkerCounters, identity::Identity};
+use crate::model::{Measured, WorkerCounters, identity::Identity};
 
 /// Identity ids that become labels of `workerprobe_worker_info`: few, and each names the
 /// worker in another system (a container runtime, Kubernetes, systemd) to join on.
 const INFO_ID_LABELS: [&str; 6] = ["container_id", "pod_uid", "qos", "runtime", "unit", "exec"];
-
-/// Which program groups are attached: families of the others would be all zeros.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Measured {
-    /// On-CPU time and context switches.
-    pub cpu: bool,
-    /// Run-queue wait, blocked and sleep time.
-    pub delays: bool,
-    /// Socket bytes and calls.
-    pub net: bool,
-}
-
-impl Default for Measured {
-    fn default() -> Self {
-        Self {
-            cpu: true,
-            delays: true,
-            net: true,
-        }
-    }
-}
 
 /// One worker's series: its identity and cumulative counters.
 #[derive(Clone, Debug, PartialEq)]
@@ -974,6 +953,7 @@ mod tests {
     fn unmeasured_and_empty_families_are_left_out() {
         let exposition = Arc::new(Exposition {
             measured: Measured {
+                lifecycle: true,
                 cpu: true,
                 delays: false,
                 net: false,

@@ -6,7 +6,6 @@ use crate::{model::summary::ExitSummary, sink::table::bytes};
 
 /// One line: who ended, how long it lived, and where its time, bytes and memory went.
 pub fn human_line(summary: &ExitSummary) -> String {
-    let time = &summary.time;
     let wall = summary.wall_seconds.max(f64::MIN_POSITIVE);
     let share = |seconds: f64| (seconds / wall * 100.0).round() as i64;
     let mut line = format!(
@@ -20,16 +19,30 @@ pub fn human_line(summary: &ExitSummary) -> String {
     if let (Some(user), Some(system)) = (summary.cpu.user_seconds, summary.cpu.system_seconds) {
         let _ = write!(line, " (user {user:.3}s system {system:.3}s)");
     }
-    let _ = write!(
-        line,
-        " on-cpu/runq/io/sleep {}/{}/{}/{}% sent {} recv {}",
-        share(time.on_cpu_seconds),
-        share(time.runqueue_wait_seconds),
-        share(time.blocked_io_seconds),
-        share(time.sleep_seconds),
-        bytes(summary.net.sent_bytes),
-        bytes(summary.net.received_bytes),
-    );
+    match &summary.time {
+        Some(time) => {
+            let _ = write!(
+                line,
+                " on-cpu/runq/io/sleep {}/{}/{}/{}%",
+                share(time.on_cpu_seconds),
+                share(time.runqueue_wait_seconds),
+                share(time.blocked_io_seconds),
+                share(time.sleep_seconds),
+            );
+        }
+        None => line.push_str(" on-cpu/runq/io/sleep n/a"),
+    }
+    match &summary.net {
+        Some(net) => {
+            let _ = write!(
+                line,
+                " sent {} recv {}",
+                bytes(net.sent_bytes),
+                bytes(net.received_bytes)
+            );
+        }
+        None => line.push_str(" sent n/a recv n/a"),
+    }
     if let Some(memory) = &summary.memory {
         let _ = write!(line, " mem peak {}", bytes(memory.peak_bytes));
     }
@@ -39,7 +52,6 @@ pub fn human_line(summary: &ExitSummary) -> String {
 /// A short report of one worker, for `exec`.
 pub fn report(summary: &ExitSummary) -> String {
     let mut out = String::new();
-    let time = &summary.time;
     let wall = summary.wall_seconds.max(f64::MIN_POSITIVE);
     let percent = |seconds: f64| seconds / wall * 100.0;
     if let Some(exec) = &summary.exec {
@@ -76,33 +88,47 @@ pub fn report(summary: &ExitSummary) -> String {
         .map(|(index, seconds)| format!("cpu{index} {seconds:.3}s ({:.0}%)", percent(*seconds)))
         .collect();
     let _ = writeln!(out, "  per cpu    {}", per_cpu.join("  "));
-    let _ = writeln!(
-        out,
-        "  time       on-cpu {:.0}% · run-queue {:.0}% · blocked i/o {:.0}% · sleep {:.0}%",
-        percent(time.on_cpu_seconds),
-        percent(time.runqueue_wait_seconds),
-        percent(time.blocked_io_seconds),
-        percent(time.sleep_seconds)
-    );
-    if let (Some(p50), Some(p99)) = (
-        time.runqueue_wait_p50_seconds,
-        time.runqueue_wait_p99_seconds,
-    ) {
-        let _ = writeln!(
-            out,
-            "  run-queue  p50 ≤ {} · p99 ≤ {}",
-            micros(p50),
-            micros(p99)
-        );
+    match &summary.time {
+        Some(time) => {
+            let _ = writeln!(
+                out,
+                "  time       on-cpu {:.0}% · run-queue {:.0}% · blocked i/o {:.0}% · sleep {:.0}%",
+                percent(time.on_cpu_seconds),
+                percent(time.runqueue_wait_seconds),
+                percent(time.blocked_io_seconds),
+                percent(time.sleep_seconds)
+            );
+            if let (Some(p50), Some(p99)) = (
+                time.runqueue_wait_p50_seconds,
+                time.runqueue_wait_p99_seconds,
+            ) {
+                let _ = writeln!(
+                    out,
+                    "  run-queue  p50 ≤ {} · p99 ≤ {}",
+                    micros(p50),
+                    micros(p99)
+                );
+            }
+        }
+        None => {
+            let _ = writeln!(out, "  time       not measured");
+        }
     }
-    let _ = writeln!(
-        out,
-        "  network    sent {} in {} calls · received {} in {} calls",
-        bytes(summary.net.sent_bytes),
-        summary.net.sent_calls,
-        bytes(summary.net.received_bytes),
-        summary.net.received_calls
-    );
+    match &summary.net {
+        Some(net) => {
+            let _ = writeln!(
+                out,
+                "  network    sent {} in {} calls · received {} in {} calls",
+                bytes(net.sent_bytes),
+                net.sent_calls,
+                bytes(net.received_bytes),
+                net.received_calls
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  network    not measured");
+        }
+    }
     match (&summary.memory, summary.lithops.worker_peak_memory) {
         (Some(memory), _) => {
             let _ = writeln!(

@@ -37,6 +37,15 @@ pub fn render(interval: &Interval, limit: usize) -> String {
         "SENT",
         "RECV"
     );
+    let measured = interval.measured;
+    // Not measured reads `n/a`, never 0.
+    let net = |text: String| {
+        if measured.net {
+            text
+        } else {
+            NOT_MEASURED.into()
+        }
+    };
     for worker in active.iter().take(limit) {
         let _ = writeln!(
             out,
@@ -44,12 +53,18 @@ pub fn render(interval: &Interval, limit: usize) -> String {
             shorten(&worker_label(worker), PATH_WIDTH),
             worker.cpu_cores(),
             per_cpu(worker),
-            breakdown(worker),
-            format!("{}/s", bytes(worker.sent_bytes_per_second() as u64)),
-            format!("{}/s", bytes(worker.received_bytes_per_second() as u64)),
+            breakdown(worker, measured.delays),
+            net(format!(
+                "{}/s",
+                bytes(worker.sent_bytes_per_second() as u64)
+            )),
+            net(format!(
+                "{}/s",
+                bytes(worker.received_bytes_per_second() as u64)
+            )),
             format!("{:.2}s", worker.total_cpu_ns as f64 / 1e9),
-            bytes(worker.total_sent_bytes),
-            bytes(worker.total_received_bytes),
+            net(bytes(worker.total_sent_bytes)),
+            net(bytes(worker.total_received_bytes)),
         );
     }
     if active.len() > limit {
@@ -76,9 +91,16 @@ fn per_cpu(worker: &WorkerStats) -> String {
         .join(" ")
 }
 
-/// Where the thread time went, in % of the interval: `cpu/runq/io/sleep`.
-fn breakdown(worker: &WorkerStats) -> String {
+/// What a cell shows for a measurement this kernel or `--programs` did not make.
+pub const NOT_MEASURED: &str = "n/a";
+
+/// Where the thread time went, in % of the interval: `cpu/runq/io/sleep` (`cpu/n/a` when the
+/// delays are not measured).
+fn breakdown(worker: &WorkerStats, delays_measured: bool) -> String {
     let percent = |ns: u64| (worker.share_of_interval(ns) * 100.0).round() as u64;
+    if !delays_measured {
+        return format!("{}/{NOT_MEASURED}", percent(worker.cpu_ns()));
+    }
     let delays = &worker.delays;
     format!(
         "{}/{}/{}/{}",
@@ -152,6 +174,7 @@ mod tests {
             ..WorkerStats::default()
         };
         let interval = Interval {
+            measured: Default::default(),
             start: Some(Timestamp {
                 monotonic_ns: 0,
                 wall_unix_ns: 0,

@@ -33,8 +33,8 @@ use ratatui::{
 };
 use tokio::sync::mpsc;
 
-use super::table::{bytes, worker_label};
-use crate::model::{Interval, WorkerStats};
+use super::table::{NOT_MEASURED, bytes, worker_label};
+use crate::model::{Interval, Measured, WorkerStats};
 
 /// What the worker table is ordered by: a model field, never a column position, so the
 /// layout can change without changing what a key means.
@@ -287,8 +287,8 @@ pub fn render(frame: &mut Frame, interval: &Interval, view: &TopView) {
         Paragraph::new(header_line(interval, view, rows.len())),
         header,
     );
-    render_table(frame, table, &rows, view);
-    render_detail(frame, detail, selected);
+    render_table(frame, table, &rows, view, interval.measured);
+    render_detail(frame, detail, selected, interval.measured);
     frame.render_widget(
         Paragraph::new(Line::from(key_help(view)).reversed()),
         footer,
@@ -341,7 +341,13 @@ const COLUMNS: [(&str, u16); 11] = [
 ];
 
 /// The worker table with the selected row highlighted and the sort column marked.
-fn render_table(frame: &mut Frame, area: Rect, rows: &[&WorkerStats], view: &TopView) {
+fn render_table(
+    frame: &mut Frame,
+    area: Rect,
+    rows: &[&WorkerStats],
+    view: &TopView,
+    measured: Measured,
+) {
     let header = Row::new(COLUMNS.iter().enumerate().map(|(column, &(title, _))| {
         let marked = if title == view.sort.title() {
             // Name sorts A to Z, every figure largest first.
@@ -360,19 +366,39 @@ fn render_table(frame: &mut Frame, area: Rect, rows: &[&WorkerStats], view: &Top
     .underlined();
     let body = rows.iter().map(|worker| {
         let percent = |ns: u64| format!("{:.0}", worker.share_of_interval(ns) * 100.0);
+        let delay = |ns: u64| {
+            if measured.delays {
+                percent(ns)
+            } else {
+                NOT_MEASURED.into()
+            }
+        };
+        let net = |text: String| {
+            if measured.net {
+                text
+            } else {
+                NOT_MEASURED.into()
+            }
+        };
         let delays = &worker.delays;
         let cells = [
             worker_label(worker),
             format!("{:.2}", worker.cpu_cores()),
             percent(worker.cpu_ns()),
-            percent(delays.runqueue_wait_ns),
-            percent(delays.blocked_io_ns),
-            percent(delays.sleep_ns),
-            format!("{}/s", bytes(worker.sent_bytes_per_second() as u64)),
-            format!("{}/s", bytes(worker.received_bytes_per_second() as u64)),
+            delay(delays.runqueue_wait_ns),
+            delay(delays.blocked_io_ns),
+            delay(delays.sleep_ns),
+            net(format!(
+                "{}/s",
+                bytes(worker.sent_bytes_per_second() as u64)
+            )),
+            net(format!(
+                "{}/s",
+                bytes(worker.received_bytes_per_second() as u64)
+            )),
             format!("{:.2}s", worker.total_cpu_ns as f64 / 1e9),
-            bytes(worker.total_sent_bytes),
-            bytes(worker.total_received_bytes),
+            net(bytes(worker.total_sent_bytes)),
+            net(bytes(worker.total_received_bytes)),
         ];
         Row::new(
             cells
@@ -426,7 +452,12 @@ fn detail_height(selected: Option<&WorkerStats>, screen_width: u16) -> u16 {
 
 /// The selected worker in detail: per-CPU cores beside their total, where its threads' time
 /// went with run-queue wait quantiles, and bytes per socket family.
-fn render_detail(frame: &mut Frame, area: Rect, selected: Option<&WorkerStats>) {
+fn render_detail(
+    frame: &mut Frame,
+    area: Rect,
+    selected: Option<&WorkerStats>,
+    measured: Measured,
+) {
     let Some(worker) = selected else {
         let block = Block::default().borders(Borders::ALL).title(" detail ");
         frame.render_widget(
@@ -448,8 +479,23 @@ fn render_detail(frame: &mut Frame, area: Rect, selected: Option<&WorkerStats>) 
     ])
     .areas(inner);
     frame.render_widget(Paragraph::new(per_cpu_lines(worker, cpus.width)), cpus);
-    frame.render_widget(Paragraph::new(delay_lines(worker)), delays);
-    frame.render_widget(Paragraph::new(net_lines(worker)), net);
+    let not_measured = |what: &str| vec![Line::from(format!("{what}: not measured"))];
+    frame.render_widget(
+        Paragraph::new(if measured.delays {
+            delay_lines(worker)
+        } else {
+            not_measured("run queue, I/O and sleep")
+        }),
+        delays,
+    );
+    frame.render_widget(
+        Paragraph::new(if measured.net {
+            net_lines(worker)
+        } else {
+            not_measured("socket bytes")
+        }),
+        net,
+    );
 }
 
 /// Per-CPU cores as bars, several CPUs a line, under their total (a split like 0.50 0.50
@@ -705,6 +751,7 @@ mod tests {
         busy.delays.runqueue_wait_hist[2] = 9; // [2, 4) µs
         busy.delays.runqueue_wait_hist[10] = 1; // [512, 1024) µs
         Interval {
+            measured: Default::default(),
             start: Some(Timestamp {
                 monotonic_ns: 0,
                 wall_unix_ns: 0,

@@ -201,7 +201,8 @@ fn recv(proto: &str, addr: &str, datagrams: u64) {
             let listener = seqpacket_listen(addr);
             announce(addr);
             // SAFETY: accept on our listening descriptor.
-            let conn = unsafe { libc::accept(listener, std::ptr::null_mut(), std::ptr::null_mut()) };
+            let conn =
+                unsafe { libc::accept(listener, std::ptr::null_mut(), std::ptr::null_mut()) };
             assert!(conn >= 0, "accept seqpacket");
             peeked += peek(conn, &mut buf[..4096]);
             loop {
@@ -319,7 +320,11 @@ fn seqpacket_listen(path: &str) -> i32 {
     unsafe {
         let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
         assert!(fd >= 0, "socket seqpacket");
-        assert_eq!(libc::bind(fd, (&addr as *const libc::sockaddr_un).cast(), len), 0, "bind seqpacket");
+        assert_eq!(
+            libc::bind(fd, (&addr as *const libc::sockaddr_un).cast(), len),
+            0,
+            "bind seqpacket"
+        );
         assert_eq!(libc::listen(fd, 1), 0, "listen seqpacket");
         fd
     }
@@ -332,7 +337,11 @@ fn seqpacket_connect(path: &str) -> i32 {
     unsafe {
         let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
         assert!(fd >= 0, "socket seqpacket");
-        assert_eq!(libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), len), 0, "connect seqpacket");
+        assert_eq!(
+            libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), len),
+            0,
+            "connect seqpacket"
+        );
         fd
     }
 }
@@ -344,7 +353,10 @@ fn unix_addr(path: &str) -> (libc::sockaddr_un, libc::socklen_t) {
     for (dst, src) in addr.sun_path.iter_mut().zip(path.as_bytes()) {
         *dst = *src as libc::c_char;
     }
-    (addr, std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t)
+    (
+        addr,
+        std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+    )
 }
 
 /// One sendmmsg of `sizes.len()` datagrams from `payload` to `to`; how many it sent.

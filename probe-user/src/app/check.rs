@@ -1,0 +1,136 @@
+//! `workerprobe check`: what this host offers the agent, verified by loading and attaching.
+
+use std::{collections::BTreeMap, io::Write as _};
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use crate::{
+    cgroup::{self, CgroupLayout},
+    cli::CheckArgs,
+    loader::{self, LoadOptions, ProgramGroup, features, plan::GroupPlan},
+};
+
+/// The report `check` prints.
+#[derive(Debug, Serialize)]
+pub struct CheckReport {
+    /// `uname -r`.
+    pub kernel: String,
+    /// The cgroup2 hierarchy.
+    pub cgroup2: Cgroup2Report,
+    /// Per program group: the variant attached, or why none could be.
+    pub groups: BTreeMap<&'static str, GroupReport>,
+}
+
+/// Where cgroup2 is and what its root offers.
+#[derive(Debug, Serialize)]
+pub struct Cgroup2Report {
+    /// Mount point.
+    pub mount: String,
+    /// unified (pure cgroup2) or hybrid.
+    pub layout: CgroupLayout,
+    /// Controllers cgroup2 has (the root's `cgroup.controllers`).
+    pub controllers: Vec<String>,
+    /// Controllers the root hands to its children (`cgroup.subtree_control`).
+    pub subtree_control: Vec<String>,
+}
+
+/// How one group runs here.
+#[derive(Debug, Serialize)]
+pub struct GroupReport {
+    /// The variant attached; null when none could be.
+    pub variant: Option<&'static str>,
+    /// Why not, when not.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
+}
+
+/// `workerprobe check`: exit code 0 when every group asked for runs, 1 otherwise.
+pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
+    let mount = cgroup::find_cgroup2_mount()?;
+    let groups: Vec<ProgramGroup> = args.programs.iter().map(|&choice| choice.into()).collect();
+    let probe = loader::load_and_attach(&LoadOptions {
+        groups,
+        ..LoadOptions::default()
+    })?;
+    let report = CheckReport {
+        kernel: features::kernel_release(),
+        cgroup2: Cgroup2Report {
+            mount: mount.display().to_string(),
+            layout: cgroup::cgroup_layout(),
+            controllers: cgroup::read_controllers(&mount.join("cgroup.controllers")),
+            subtree_control: cgroup::read_controllers(&mount.join("cgroup.subtree_control")),
+        },
+        groups: probe
+            .plan()
+            .groups
+            .iter()
+            .map(|(group, plan)| {
+                let report = match plan {
+                    GroupPlan::Runs(variant) => GroupReport {
+                        variant: Some(variant.name),
+                        missing: Vec::new(),
+                    },
+                    GroupPlan::Within(_) => GroupReport {
+                        variant: Some("within delays' sched_switch"),
+                        missing: Vec::new(),
+                    },
+                    GroupPlan::Missing(reasons) => GroupReport {
+                        variant: None,
+                        missing: reasons.clone(),
+                    },
+                };
+                (group.name(), report)
+            })
+            .collect(),
+    };
+    let text = if args.json {
+        serde_json::to_string_pretty(&report).context("encoding the report")? + "\n"
+    } else {
+        render(&report)
+    };
+    let _ = std::io::stdout().write_all(text.as_bytes());
+    let all_run = report.groups.values().all(|group| group.variant.is_some());
+    if !all_run {
+        for note in probe.notes() {
+            crate::say!("workerprobe: {note}");
+        }
+    }
+    Ok(if all_run { 0 } else { 1 })
+}
+
+/// The report as text, one line per fact.
+fn render(report: &CheckReport) -> String {
+    let mut out = format!("kernel      {}\n", report.kernel);
+    let cgroup2 = &report.cgroup2;
+    out += &format!(
+        "cgroup2     {} ({}; controllers {}; given to children: {})\n",
+        cgroup2.mount,
+        match cgroup2.layout {
+            CgroupLayout::Unified => "pure cgroup2",
+            CgroupLayout::Hybrid => "hybrid, v1 controllers beside it",
+        },
+        list_or_none(&cgroup2.controllers),
+        list_or_none(&cgroup2.subtree_control),
+    );
+    for (name, group) in &report.groups {
+        match group.variant {
+            Some(variant) => out += &format!("{name:<11} {variant}\n"),
+            None => {
+                out += &format!(
+                    "{name:<11} not measured: needs {}\n",
+                    group.missing.join(" or ")
+                )
+            }
+        }
+    }
+    out
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".into()
+    } else {
+        items.join(" ")
+    }
+}
