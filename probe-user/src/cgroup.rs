@@ -94,6 +94,34 @@ pub fn read_controllers(file: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Makes sure the cgroups the agent makes below `dir` get `controller` (e.g. memory): enables
+/// it in `cgroup.subtree_control` of `dir` and of each ancestor up to `mount` that lacks it,
+/// top down, as systemd does for its slices. `Ok(false)` when cgroup2 does not have the
+/// controller at all (on hybrid hosts it is bound to v1); an error when the kernel refused.
+pub fn enable_for_children(mount: &Path, dir: &Path, controller: &str) -> std::io::Result<bool> {
+    if !read_controllers(&mount.join("cgroup.controllers"))
+        .iter()
+        .any(|c| c == controller)
+    {
+        return Ok(false);
+    }
+    let below = dir.strip_prefix(mount).unwrap_or(Path::new(""));
+    let mut level = mount.to_path_buf();
+    let mut levels = vec![level.clone()];
+    for part in below.components() {
+        level.push(part);
+        levels.push(level.clone());
+    }
+    for level in levels {
+        let control = level.join("cgroup.subtree_control");
+        if read_controllers(&control).iter().any(|c| c == controller) {
+            continue;
+        }
+        fs::write(&control, format!("+{controller}"))?;
+    }
+    Ok(true)
+}
+
 /// The cgroup v2 id of a cgroup directory: its inode number.
 pub fn cgroup_id(dir: &Path) -> std::io::Result<u64> {
     Ok(fs::metadata(dir)?.ino())

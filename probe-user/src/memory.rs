@@ -1,5 +1,5 @@
 //! Memory of a worker, from the best source the host has: cgroup v2 `memory.current` /
-//! `memory.peak`; on hybrid hosts the v1 memory cgroup of the worker's processes, when it
+//! `memory.peak` (before 5.19, `memory.current` sampled); on hybrid hosts the v1 memory cgroup of the worker's processes, when it
 //! holds only them; failing both, the summed RSS of its processes (sysinfo).
 
 use std::{
@@ -37,10 +37,18 @@ impl MemoryReader {
     /// processes and no cgroup2 memory files.
     pub fn read(&mut self, dir: &Path) -> Option<MemoryReading> {
         if let Some(current_bytes) = read_u64(&dir.join("memory.current")) {
-            return Some(MemoryReading {
-                current_bytes,
-                peak_bytes: read_u64(&dir.join("memory.peak")).unwrap_or(current_bytes),
-                source: MemorySource::Cgroup2,
+            return Some(match read_u64(&dir.join("memory.peak")) {
+                Some(peak_bytes) => MemoryReading {
+                    current_bytes,
+                    peak_bytes,
+                    source: MemorySource::Cgroup2,
+                },
+                // memory.peak arrived in 5.19: the model keeps the highest sample instead.
+                None => MemoryReading {
+                    current_bytes,
+                    peak_bytes: current_bytes,
+                    source: MemorySource::Cgroup2Current,
+                },
             });
         }
         let pids = read_pids(&dir.join("cgroup.procs"));

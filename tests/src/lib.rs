@@ -172,6 +172,27 @@ pub fn start_agent<S: AsRef<std::ffi::OsStr>>(args: &[S], ready: &str) -> Child 
     agent
 }
 
+/// A directory on a real disk for file I/O: `$WP_SCRATCH` (the VM tests point it at a
+/// host directory, their /var/tmp being memory), else /var/tmp.
+pub fn scratch_dir() -> String {
+    std::env::var("WP_SCRATCH").unwrap_or_else(|_| "/var/tmp".into())
+}
+
+/// Waits until the cgroup's threads have run `at_least_ns` more CPU time than `from_usec`
+/// (its cpu.stat usage then), polling cpu.stat: a window measured in work done, not in wall
+/// time, so a loaded or emulated machine only makes it longer. Panics after `limit`.
+pub fn wait_for_cpu(cgroup: &TestCgroup, from_usec: u64, at_least_ns: u64, limit: Duration) {
+    let started = std::time::Instant::now();
+    while (cgroup.cpu_stat().usage_usec.saturating_sub(from_usec)) * 1_000 < at_least_ns {
+        assert!(
+            started.elapsed() < limit,
+            "{} ran less than {at_least_ns} ns of CPU in {limit:?}",
+            cgroup.dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A fresh path in the temp directory, unique to this test process.
 pub fn temp_path(test: &str, name: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("wp-{test}-{}-{name}", std::process::id()));

@@ -11,7 +11,8 @@ use std::{
 };
 
 use workerprobe_tests::{
-    TestCgroup, field, read_first_json_line, require_root, wait_json, workerprobe_path,
+    TestCgroup, field, read_first_json_line, require_root, wait_for_cpu, wait_json,
+    workerprobe_path,
 };
 
 /// Debian's `prometheus` package (installed by `cargo xtask setup`).
@@ -532,7 +533,19 @@ fn a_burst_of_requests_is_answered_while_workers_run() {
         .collect();
     let elapsed = started.elapsed();
     let health = agent.get("/healthz");
-    let text = agent.metrics();
+    // The spinner's CPU time, not the burst's length, decides what it has done: wait for
+    // 0.6 s of it, then for the agent's next samples to show it.
+    wait_for_cpu(&worker, 0, 600_000_000, Duration::from_secs(120));
+    let label = format!("worker=\"{}\"", worker_label(&worker));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = agent.metrics();
+        let cpu = exposed(&text, "workerprobe_cpu_seconds_total", &label).unwrap_or(0.0);
+        if cpu > 0.5 || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     for mut child in [spin, nap] {
         let _ = child.kill();
         let _ = child.wait();
@@ -554,7 +567,6 @@ fn a_burst_of_requests_is_answered_while_workers_run() {
     );
     assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
     // The workers were measured meanwhile.
-    let label = format!("worker=\"{}\"", worker_label(&worker));
     let cpu = exposed(&text, "workerprobe_cpu_seconds_total", &label).unwrap_or(0.0);
     assert!(cpu > 0.5, "the spinning worker shows {cpu}s");
     // Nothing but GET is served.

@@ -44,10 +44,20 @@ impl ExecCgroups {
     fn make(mount: &Path, v1_memory_mount: Option<&Path>, leaf: &str) -> anyhow::Result<Self> {
         let parent = mount.join("workerprobe");
         let v2 = parent.join(leaf);
-        if fs::create_dir_all(&parent)
-            .and_then(|()| fs::create_dir(&v2))
-            .is_err()
-        {
+        if fs::create_dir_all(&parent).is_err() {
+            return Err(UserError::NoWritableCgroup2(mount.to_path_buf()).into());
+        }
+        // The memory controller gives the exact peak (memory.peak). Only memory: cpu.stat is
+        // there without the cpu controller, and enabling that would change how the command is
+        // scheduled against everything else.
+        match cgroup::enable_for_children(mount, &parent, "memory") {
+            Ok(_) => {}
+            Err(err) => crate::say!(
+                "workerprobe: could not enable the memory controller for {} ({err}): the memory peak comes from the command's max RSS instead",
+                parent.display()
+            ),
+        }
+        if fs::create_dir(&v2).is_err() {
             return Err(UserError::NoWritableCgroup2(mount.to_path_buf()).into());
         }
         // Best effort: without it the memory figure falls back to sampled RSS.

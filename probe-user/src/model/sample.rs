@@ -102,6 +102,9 @@ pub struct LifecycleEvent {
 pub enum MemorySource {
     /// cgroup v2 `memory.current` / `memory.peak`: exact, the kernel's own.
     Cgroup2,
+    /// cgroup v2 `memory.current` on a kernel without `memory.peak` (before 5.19): the peak
+    /// is the highest reading sampled, so a peak between samples is missed.
+    Cgroup2Current,
     /// The v1 memory cgroup holding only the worker's processes.
     Cgroup1,
     /// Summed RSS of the worker's processes, sampled: a peak between samples is missed.

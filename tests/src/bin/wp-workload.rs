@@ -2,7 +2,8 @@
 //! tests compare workerprobe against what the workload itself did.
 //!
 //! Modes:
-//! - `spin MS THREADS`: THREADS threads busy-loop for MS milliseconds of wall time.
+//! - `spin MS THREADS`: THREADS threads each busy-loop until it has run MS milliseconds of
+//!   CPU time (its own thread CPU clock), however busy the machine is.
 //! - `recv tcp|udp|unix|unixgram|seqpacket|udp-mmsg ADDR DATAGRAMS`: bind ADDR (port 0 = any; a path
 //!   for unix and seqpacket), print `{"addr":…}`, then receive until EOF (stream, seqpacket)
 //!   or DATAGRAMS datagrams / 2 s of silence (udp, unixgram: recv; udp-mmsg: recvmmsg in batches of 8);
@@ -13,10 +14,12 @@
 //!   ADDR on an unconnected socket), then try one send that must fail. Prints
 //!   `{"sent_bytes","sent_calls","failed_sends"}`.
 //! - `nap COUNT MS`: sleep COUNT times MS milliseconds.
-//! - `pinned-spin MS THREADS CPU`: like `spin`, every thread pinned to CPU; prints the
+//! - `pinned-spin MS THREADS CPU`: like `spin` (MS of CPU time each), every thread pinned to
+//!   CPU; prints the
 //!   kernel's own run-queue delay of the spinning threads (`/proc/thread-self/schedstat`).
 //! - `fsync DIR COUNT`: COUNT times write 4 KiB to a file in DIR and fsync it (D state).
-//! - `life MS`: one thread: spin MS, nap 5 × MS/5, fsync 10 times in /var/tmp.
+//! - `life MS`: one thread: spin MS of CPU time, nap 5 × MS/5, fsync 10 times in $WP_SCRATCH
+//!   (default /var/tmp).
 
 use std::{
     io::{Read as _, Write as _},
@@ -25,7 +28,7 @@ use std::{
         fd::AsRawFd as _,
         unix::net::{UnixListener, UnixStream},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 fn main() {
@@ -39,11 +42,11 @@ fn main() {
         "fsync" => fsync(arg(1), num(arg(2))),
         "life" => {
             let ms = num(arg(1));
-            spin_for(Duration::from_millis(ms));
+            spin_cpu(Duration::from_millis(ms));
             for _ in 0..5 {
                 std::thread::sleep(Duration::from_millis(ms / 5));
             }
-            fsync("/var/tmp", 10);
+            fsync(&scratch_dir(), 10);
         }
         "nap" => {
             for _ in 0..num(arg(1)) {
@@ -65,15 +68,27 @@ fn num(text: &str) -> u64 {
     text.parse().unwrap_or_else(|_| usage())
 }
 
-/// Busy-loops on this thread for `duration` of wall time.
-fn spin_for(duration: Duration) -> u64 {
-    spin_until(Instant::now() + duration)
+/// Where file I/O goes: `$WP_SCRATCH` (a disk-backed directory the VM tests pass, since their
+/// /var/tmp is memory), else /var/tmp.
+fn scratch_dir() -> String {
+    std::env::var("WP_SCRATCH").unwrap_or_else(|_| "/var/tmp".into())
 }
 
-/// Busy-loops on this thread until `deadline`.
-fn spin_until(deadline: Instant) -> u64 {
+/// CPU time this thread has run so far (CLOCK_THREAD_CPUTIME_ID).
+fn thread_cpu_time() -> Duration {
+    // SAFETY: a zeroed timespec is valid for clock_gettime to fill.
+    let mut now: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid clock id and a writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+}
+
+/// Busy-loops on this thread until it has run `cpu` more CPU time: a fixed amount of work
+/// however loaded the machine (or slow the emulated CPU) is.
+fn spin_cpu(cpu: Duration) -> u64 {
+    let until = thread_cpu_time() + cpu;
     let mut x = 0u64;
-    while Instant::now() < deadline {
+    while thread_cpu_time() < until {
         for i in 0..10_000u64 {
             x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
         }
@@ -106,17 +121,22 @@ fn own_run_delay_ns() -> u64 {
 
 fn pinned_spin(ms: u64, threads: usize, cpu: usize) {
     pin_to(cpu);
-    let deadline = Instant::now() + Duration::from_millis(ms);
     let workers: Vec<_> = (0..threads)
         .map(|_| {
             std::thread::spawn(move || {
-                spin_until(deadline);
-                own_run_delay_ns()
+                let born = std::time::Instant::now();
+                spin_cpu(Duration::from_millis(ms));
+                (own_run_delay_ns(), born.elapsed().as_nanos() as u64)
             })
         })
         .collect();
-    let run_delay_ns: u64 = workers.into_iter().map(|w| w.join().expect("join")).sum();
-    println!(r#"{{"spinner_run_delay_ns":{run_delay_ns}}}"#);
+    let (mut run_delay_ns, mut life_ns) = (0, 0);
+    for worker in workers {
+        let (delay, life) = worker.join().expect("join");
+        run_delay_ns += delay;
+        life_ns += life;
+    }
+    println!(r#"{{"spinner_run_delay_ns":{run_delay_ns},"spinner_life_ns":{life_ns}}}"#);
 }
 
 fn fsync(dir: &str, count: u64) {
@@ -132,9 +152,8 @@ fn fsync(dir: &str, count: u64) {
 }
 
 fn spin(ms: u64, threads: usize) {
-    let deadline = Instant::now() + Duration::from_millis(ms);
     let workers: Vec<_> = (0..threads)
-        .map(|_| std::thread::spawn(move || spin_until(deadline)))
+        .map(|_| std::thread::spawn(move || spin_cpu(Duration::from_millis(ms))))
         .collect();
     for worker in workers {
         let _ = worker.join();
