@@ -98,19 +98,21 @@ macro_rules! recvmsg_exit {
     };
 }
 
-sendmsg_exit!(inet_sendmsg_exit, "inet_sendmsg");
-sendmsg_exit!(inet6_sendmsg_exit, "inet6_sendmsg");
-sendmsg_exit!(unix_stream_sendmsg_exit, "unix_stream_sendmsg");
-sendmsg_exit!(unix_dgram_sendmsg_exit, "unix_dgram_sendmsg");
-recvmsg_exit!(inet_recvmsg_exit, "inet_recvmsg");
-recvmsg_exit!(inet6_recvmsg_exit, "inet6_recvmsg");
-recvmsg_exit!(unix_stream_recvmsg_exit, "unix_stream_recvmsg");
+// Names fit the kernel's 15 characters, so bpftool and bpf_stats show them whole; every
+// socket program starts with `sock_`.
+sendmsg_exit!(sock_tx_inet, "inet_sendmsg");
+sendmsg_exit!(sock_tx_inet6, "inet6_sendmsg");
+sendmsg_exit!(sock_tx_ustream, "unix_stream_sendmsg");
+sendmsg_exit!(sock_tx_udgram, "unix_dgram_sendmsg");
+recvmsg_exit!(sock_rx_inet, "inet_recvmsg");
+recvmsg_exit!(sock_rx_inet6, "inet6_recvmsg");
+recvmsg_exit!(sock_rx_ustream, "unix_stream_recvmsg");
 
 /// fexit of `int __unix_dgram_recvmsg(struct sock *sk, struct msghdr *msg, size_t size, int
 /// flags)`: unix datagram and seqpacket receives (`unix_seqpacket_recvmsg` gets
 /// `unix_dgram_recvmsg` inlined, so this is the one function both reach).
 #[fexit(function = "__unix_dgram_recvmsg")]
-pub fn unix_dgram_recvmsg_exit(ctx: FExitContext) -> u32 {
+pub fn sock_rx_udgram(ctx: FExitContext) -> u32 {
     let flags = ctx.arg::<u64>(3) as i32;
     let ret: i64 = ctx.arg::<u64>(4) as i32 as i64;
     if ret > 0 && flags & MSG_PEEK == 0 {

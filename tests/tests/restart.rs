@@ -177,7 +177,11 @@ fn restart(name: &str, kill_first: bool) {
     let programs = pinned_programs(&pin.0);
     let names: Vec<&str> = programs.iter().map(|(name, _)| name.as_str()).collect();
     assert!(
-        names.contains(&"switch_full") && names.contains(&"sock_send"),
+        names.contains(&"switch_full")
+            // The socket-length tracepoint (6.3+) or the fexit variant before it.
+            && names
+                .iter()
+                .any(|name| *name == "sock_send" || name.starts_with("sock_tx_")),
         "pinned programs: {names:?}"
     );
     if kill_first {

@@ -6,6 +6,7 @@ mod bench;
 mod cmd;
 mod fuzz;
 mod setup;
+mod vm;
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt as _;
@@ -46,9 +47,15 @@ enum Task {
         #[arg(last = true)]
         args: Vec<OsString>,
     },
-    /// Set up, then run fmt, clippy, the unit tests and the integration tests (needs root).
+    /// Set up, then run fmt, clippy, the unit tests, the integration tests on this kernel and
+    /// the kernel-dependent ones in VMs of Debian's 6.1 and 6.12 (needs root).
     Test {
-        /// Extra arguments for the integration test binaries, after `--` (e.g. `--nocapture`).
+        /// Skip the VM matrix (the host's integration tests still run): for a quick local
+        /// check; CI runs everything.
+        #[arg(long)]
+        no_vm: bool,
+        /// Extra arguments for the host's integration test binaries, after `--` (e.g.
+        /// `--nocapture`).
         #[arg(last = true)]
         args: Vec<OsString>,
     },
@@ -58,6 +65,9 @@ enum Task {
     /// Fuzz the recording reader and the cgroup-path resolver for a bounded time (cargo-fuzz,
     /// nightly; installs cargo-fuzz if missing). Fails on a crash, naming the input.
     Fuzz(fuzz::FuzzArgs),
+    /// Boot each kernel of the matrix (Debian's 6.1 and 6.12) in a VM on pure cgroup2 and run
+    /// the kernel-dependent integration tests there; prints the matrix (needs root; minutes).
+    VmTest(vm::VmArgs),
     /// A workload the bench runs (internal).
     #[command(hide = true, subcommand)]
     BenchWorkload(bench::WorkloadMode),
@@ -92,8 +102,9 @@ fn dispatch(cli: Cli) -> Result<()> {
         Task::Setup => setup::setup(),
         Task::Build { release } => build(release),
         Task::Run { release, args } => run(release, args),
-        Task::Test { args } => test(args),
+        Task::Test { no_vm, args } => test(no_vm, args),
         Task::Bench(args) => bench::bench(args),
+        Task::VmTest(args) => vm::vm_test(&args),
         Task::Fuzz(args) => fuzz::fuzz(&args),
         Task::BenchWorkload(mode) => bench::workload(mode),
     }
@@ -158,26 +169,53 @@ struct TestStep {
     command: Command,
 }
 
-/// `cargo xtask test`: every step in order, stopping at the first failure.
-fn test(extra_args: Vec<OsString>) -> Result<()> {
+/// `cargo xtask test`: every step in order, stopping at the first failure; the kernel matrix
+/// (this host, then each VM) runs every environment and fails after printing its table.
+fn test(no_vm: bool, extra_args: Vec<OsString>) -> Result<()> {
     // Checked first so a user without root learns it before minutes of clippy and tests.
     if !cmd::is_root() {
         bail!("the integration tests need root: run `sudo -E cargo xtask test`");
     }
     setup::setup()?;
-    for TestStep { name, mut command } in test_steps(extra_args)? {
+    let started = std::time::Instant::now();
+    let kernels = if no_vm {
+        Vec::new()
+    } else {
+        // Before the long steps: a machine that cannot run the matrix says so at once.
+        setup::setup_vm(&vm::MATRIX.iter().collect::<Vec<_>>())?
+    };
+    let (before, after) = test_steps()?;
+    for TestStep { name, mut command } in before {
         println!("==> {name}: {}", cmd::describe(&command));
         cmd::run(&mut command).with_context(|| format!("test step `{name}` failed"))?;
     }
-    println!("==> all test steps passed");
+    println!("==> integration tests on this host");
+    let mut rows = vec![vm::run_on_host(&vm::test_executables(false)?, &extra_args)?];
+    if !kernels.is_empty() {
+        println!("==> the kernel matrix in VMs");
+        let executables = vm::build_release()?;
+        for kernel in &kernels {
+            rows.push(vm::run_in_vm(kernel, &executables)?);
+        }
+    }
+    vm::finish(&rows, false).context("test step `kernel matrix` failed")?;
+    for TestStep { name, mut command } in after {
+        println!("==> {name}: {}", cmd::describe(&command));
+        cmd::run(&mut command).with_context(|| format!("test step `{name}` failed"))?;
+    }
+    println!(
+        "==> all test steps passed in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
-/// The test steps, with `extra_args` passed to the integration test binaries.
+/// The cargo steps before the kernel matrix (fmt, clippy, unit tests, the agent's build) and
+/// after it (bench smoke, fuzz).
 ///
 /// fmt, clippy and unit tests cover the whole workspace: probe-ebpf compiles to an empty
 /// host binary for them, and to the real object inside probe-user's build.
-fn test_steps(extra_args: Vec<OsString>) -> Result<Vec<TestStep>> {
+fn test_steps() -> Result<(Vec<TestStep>, Vec<TestStep>)> {
     let mut fmt = cmd::cargo()?;
     fmt.args(["fmt", "--all", "--", "--check"]);
 
@@ -198,13 +236,6 @@ fn test_steps(extra_args: Vec<OsString>) -> Result<Vec<TestStep>> {
     let mut build = cmd::cargo()?;
     build.args(["build", "-p", "probe-user"]);
 
-    // One test at a time: the tests share kernel state (cgroups, attached programs).
-    let mut integration = cmd::cargo()?;
-    integration
-        .args(["test", "-p", "workerprobe-tests", "--tests", "--"])
-        .arg("--test-threads=1")
-        .args(extra_args);
-
     // A short run of `cargo xtask bench` (seconds per section) so the harness cannot rot;
     // it fails if any section measures nothing.
     let mut bench_smoke = cmd::cargo()?;
@@ -216,34 +247,34 @@ fn test_steps(extra_args: Vec<OsString>) -> Result<Vec<TestStep>> {
     fuzz.args(["xtask", "fuzz", "--seconds"])
         .arg(fuzz::TEST_SECONDS.to_string());
 
-    Ok(vec![
-        TestStep {
-            name: "cargo fmt --check",
-            command: fmt,
-        },
-        TestStep {
-            name: "cargo clippy",
-            command: clippy,
-        },
-        TestStep {
-            name: "unit tests",
-            command: unit,
-        },
-        TestStep {
-            name: "build the agent",
-            command: build,
-        },
-        TestStep {
-            name: "integration tests",
-            command: integration,
-        },
-        TestStep {
-            name: "bench smoke",
-            command: bench_smoke,
-        },
-        TestStep {
-            name: "fuzz",
-            command: fuzz,
-        },
-    ])
+    Ok((
+        vec![
+            TestStep {
+                name: "cargo fmt --check",
+                command: fmt,
+            },
+            TestStep {
+                name: "cargo clippy",
+                command: clippy,
+            },
+            TestStep {
+                name: "unit tests",
+                command: unit,
+            },
+            TestStep {
+                name: "build the agent",
+                command: build,
+            },
+        ],
+        vec![
+            TestStep {
+                name: "bench smoke",
+                command: bench_smoke,
+            },
+            TestStep {
+                name: "fuzz",
+                command: fuzz,
+            },
+        ],
+    ))
 }

@@ -195,3 +195,282 @@ fn install_bpf_linker() -> Result<()> {
     }
     Ok(())
 }
+
+/// Debian packages the VM matrix needs besides qemu: udev (without it virtme-ng loses the
+/// guest's output), a static busybox and kmod for its initramfs, e2fsprogs for the scratch
+/// disk, python3-venv for virtme-ng, and the libraries virtiofsd links.
+const VM_APT_PACKAGES: &[&str] = &[
+    "udev",
+    "busybox-static",
+    "kmod",
+    "e2fsprogs",
+    "python3-venv",
+    "libseccomp-dev",
+    "libcap-ng-dev",
+];
+
+/// virtme-ng, from PyPI (the version this matrix was made with).
+const VIRTME_NG: &str = "virtme-ng==1.42";
+
+/// virtiofsd, from crates.io: the -cloud kernels share the root over virtiofs only.
+const VIRTIOFSD_VERSION: &str = "1.14.0";
+
+/// The apt sources the VM matrix reads: bookworm for qemu's libraries, bookworm-backports for
+/// a qemu matching the machine's qemu-utils 10.0 (bookworm's 7.2 conflicts with it), and
+/// bookworm-security for the kernels. A private list: nothing is added to /etc/apt.
+const VM_APT_SOURCES: &str = "\
+deb http://deb.debian.org/debian bookworm main
+deb http://deb.debian.org/debian bookworm-updates main
+deb http://deb.debian.org/debian bookworm-backports main
+deb http://deb.debian.org/debian-security bookworm-security main
+";
+
+/// Makes this machine able to run the VM matrix and returns the kernels of `specs`, each
+/// downloaded (newest of its series in the archive) and unpacked once, then cached.
+pub fn setup_vm(specs: &[&'static crate::vm::KernelSpec]) -> Result<Vec<crate::vm::Kernel>> {
+    let vm = crate::vm::vm_dir()?;
+    std::fs::create_dir_all(&vm)?;
+    let apt = PrivateApt::new(&vm.join("apt"))?;
+    let missing: Vec<&str> = VM_APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|package| !is_installed(package))
+        .collect();
+    let qemu_missing = cmd::find_in_path("qemu-system-x86_64").is_none();
+    if (!missing.is_empty() || qemu_missing)
+        && let Err(reason) = check_can_use_apt()
+    {
+        eprintln!(
+            "setup: the VM matrix needs these Debian packages: {} qemu-system-x86 (bookworm-backports)",
+            missing.join(" ")
+        );
+        return Err(reason);
+    }
+    step("Debian packages for the VMs", missing.is_empty(), || {
+        install_packages(&missing)
+    })?;
+    step(
+        "qemu-system-x86 (bookworm-backports)",
+        !qemu_missing,
+        || {
+            apt.update()?;
+            cmd::run(
+                apt.command("apt-get")
+                    .env("DEBIAN_FRONTEND", "noninteractive")
+                    .args([
+                        "install",
+                        "-y",
+                        "--no-install-recommends",
+                        "-t",
+                        "bookworm-backports",
+                        "qemu-system-x86",
+                    ]),
+            )
+        },
+    )?;
+    let venv = vm.join("venv");
+    let vng = venv.join("bin").join("vng");
+    let vng_works = cmd::probe(Command::new(&vng).arg("--version")).is_some();
+    step("virtme-ng (PyPI)", vng_works, || {
+        cmd::run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+        cmd::run(Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", VIRTME_NG]))
+    })?;
+    let virtiofsd = cmd::find_in_path("virtiofsd").is_some()
+        || cmd::cargo_bin_dirs()
+            .iter()
+            .any(|dir| dir.join("virtiofsd").is_file());
+    step("virtiofsd (crates.io)", virtiofsd, || {
+        cmd::run(cmd::cargo()?.args([
+            "install",
+            "--locked",
+            "virtiofsd",
+            "--version",
+            VIRTIOFSD_VERSION,
+        ]))
+    })?;
+    let kernels_dir = vm.join("kernels");
+    std::fs::create_dir_all(&kernels_dir)?;
+    let mut updated = false;
+    specs
+        .iter()
+        .map(|spec| kernel(spec, &kernels_dir, &apt, &mut updated))
+        .collect()
+}
+
+/// The newest package of `spec`'s series, downloaded and unpacked under `dir` unless it is
+/// there already; offline, the newest one cached.
+fn kernel(
+    spec: &'static crate::vm::KernelSpec,
+    dir: &std::path::Path,
+    apt: &PrivateApt,
+    updated: &mut bool,
+) -> Result<crate::vm::Kernel> {
+    if !*updated {
+        // Once per run: the archive moves on (security updates).
+        *updated = apt.update().is_ok();
+    }
+    let listed =
+        cmd::probe(
+            apt.command("apt-cache")
+                .args(["search", "--names-only", spec.pattern]),
+        )
+        .unwrap_or_default();
+    let mut packages: Vec<String> = listed
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    let cached = || -> Vec<String> {
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.path().join("boot").is_dir())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|name| name.contains(spec.name))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    if packages.is_empty() {
+        packages = cached();
+    }
+    packages.sort_by_key(|name| natural_key(name));
+    let package = packages
+        .last()
+        .with_context(|| {
+            format!(
+                "no Debian package matches {} and none is cached: check the network or apt",
+                spec.pattern
+            )
+        })?
+        .clone();
+    let unpacked = dir.join(&package);
+    step(
+        &format!("kernel {package}"),
+        unpacked.join("boot").is_dir(),
+        || {
+            let download = dir.join("download");
+            std::fs::create_dir_all(&download)?;
+            cmd::run(
+                apt.command("apt-get")
+                    .args(["download", &package])
+                    .current_dir(&download),
+            )?;
+            let deb = std::fs::read_dir(&download)?
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with(&format!("{package}_")))
+                })
+                .context("apt-get download left no .deb")?;
+            cmd::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
+            std::fs::remove_file(&deb)?;
+            Ok(())
+        },
+    )?;
+    let vmlinuz = std::fs::read_dir(unpacked.join("boot"))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
+        })
+        .with_context(|| format!("{package} holds no vmlinuz"))?;
+    let release = vmlinuz
+        .file_name()
+        .map(|n| {
+            n.to_string_lossy()
+                .trim_start_matches("vmlinuz-")
+                .to_owned()
+        })
+        .unwrap_or_default();
+    Ok(crate::vm::Kernel {
+        spec,
+        vmlinuz,
+        release,
+    })
+}
+
+/// Orders package names by their numbers (6.1.0-9 before 6.1.0-10).
+fn natural_key(name: &str) -> Vec<(u64, String)> {
+    let mut key = Vec::new();
+    let mut digits = String::new();
+    let mut text = String::new();
+    for c in name.chars() {
+        if c.is_ascii_digit() {
+            if !text.is_empty() {
+                key.push((0, std::mem::take(&mut text)));
+            }
+            digits.push(c);
+        } else {
+            if !digits.is_empty() {
+                key.push((digits.parse().unwrap_or(0), String::new()));
+                digits.clear();
+            }
+            text.push(c);
+        }
+    }
+    if !digits.is_empty() {
+        key.push((digits.parse().unwrap_or(0), String::new()));
+    }
+    if !text.is_empty() {
+        key.push((0, text));
+    }
+    key
+}
+
+/// apt with a source list and package lists of its own (under target/vm/apt).
+struct PrivateApt {
+    options: Vec<String>,
+}
+
+impl PrivateApt {
+    fn new(dir: &std::path::Path) -> Result<Self> {
+        let lists = dir.join("lists");
+        std::fs::create_dir_all(lists.join("partial"))?;
+        let parts = dir.join("sources.list.d");
+        std::fs::create_dir_all(&parts)?;
+        let sources = dir.join("sources.list");
+        std::fs::write(&sources, VM_APT_SOURCES)?;
+        Ok(Self {
+            options: vec![
+                format!("Dir::Etc::SourceList={}", sources.display()),
+                format!("Dir::Etc::SourceParts={}", parts.display()),
+                format!("Dir::State::Lists={}", lists.display()),
+                // Downloads land in directories the _apt user cannot write: no sandbox.
+                "APT::Sandbox::User=root".into(),
+            ],
+        })
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut command = Command::new(program);
+        for option in &self.options {
+            command.arg("-o").arg(option);
+        }
+        command
+    }
+
+    fn update(&self) -> Result<()> {
+        cmd::run(self.command("apt-get").arg("update"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newest_kernel_sorts_last() {
+        let mut names = [
+            "linux-image-6.1.0-57-cloud-amd64-unsigned",
+            "linux-image-6.1.0-9-cloud-amd64-unsigned",
+            "linux-image-6.1.0-100-cloud-amd64-unsigned",
+        ];
+        names.sort_by_key(|name| natural_key(name));
+        assert_eq!(names[2], "linux-image-6.1.0-100-cloud-amd64-unsigned");
+        assert_eq!(names[0], "linux-image-6.1.0-9-cloud-amd64-unsigned");
+    }
+}

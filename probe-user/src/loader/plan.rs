@@ -147,14 +147,14 @@ const NET: &[Variant] = &[
             },
         ],
         programs: &[
-            fexit("inet_sendmsg_exit", "inet_sendmsg"),
-            fexit("inet6_sendmsg_exit", "inet6_sendmsg"),
-            fexit("unix_stream_sendmsg_exit", "unix_stream_sendmsg"),
-            fexit("unix_dgram_sendmsg_exit", "unix_dgram_sendmsg"),
-            fexit("inet_recvmsg_exit", "inet_recvmsg"),
-            fexit("inet6_recvmsg_exit", "inet6_recvmsg"),
-            fexit("unix_stream_recvmsg_exit", "unix_stream_recvmsg"),
-            fexit("unix_dgram_recvmsg_exit", "__unix_dgram_recvmsg"),
+            fexit("sock_tx_inet", "inet_sendmsg"),
+            fexit("sock_tx_inet6", "inet6_sendmsg"),
+            fexit("sock_tx_ustream", "unix_stream_sendmsg"),
+            fexit("sock_tx_udgram", "unix_dgram_sendmsg"),
+            fexit("sock_rx_inet", "inet_recvmsg"),
+            fexit("sock_rx_inet6", "inet6_recvmsg"),
+            fexit("sock_rx_ustream", "unix_stream_recvmsg"),
+            fexit("sock_rx_udgram", "__unix_dgram_recvmsg"),
         ],
     },
 ];
@@ -484,8 +484,8 @@ mod tests {
     fn fexit_on_sock_sendmsg_before_6_3() {
         let plan = Plan::new(&ProgramGroup::DEFAULT, &linux_6_1());
         let programs = plan.programs();
-        assert!(programs.contains(&fexit("inet_sendmsg_exit", "inet_sendmsg")));
-        assert!(programs.contains(&fexit("unix_dgram_recvmsg_exit", "__unix_dgram_recvmsg")));
+        assert!(programs.contains(&fexit("sock_tx_inet", "inet_sendmsg")));
+        assert!(programs.contains(&fexit("sock_rx_udgram", "__unix_dgram_recvmsg")));
         assert!(!names(&plan).contains(&"sock_send"));
         assert!(plan.measured().net);
     }
@@ -555,7 +555,7 @@ mod tests {
         features.tracepoints.insert("sock_recv_length".into(), 3);
         let mut plan = Plan::new(&ProgramGroup::DEFAULT, &features);
         plan.fall_back(ProgramGroup::Net, "refused".into());
-        assert!(names(&plan).contains(&"inet_sendmsg_exit"));
+        assert!(names(&plan).contains(&"sock_tx_inet"));
         plan.fall_back(ProgramGroup::Net, "fexit refused too".into());
         assert!(!plan.measured().net);
         assert!(plan.notes("x")[0].contains("fexit refused too"));

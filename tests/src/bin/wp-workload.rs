@@ -13,7 +13,10 @@
 //!   cycling through the comma-separated SIZES (udp-mmsg: sendmmsg of up to 8, addressed to
 //!   ADDR on an unconnected socket), then try one send that must fail. Prints
 //!   `{"sent_bytes","sent_calls","failed_sends"}`.
-//! - `nap COUNT MS`: sleep COUNT times MS milliseconds.
+//! - `nap COUNT MS [wait]`: sleep COUNT times MS milliseconds; prints `{"slept_ns"}`, the naps
+//!   as it timed them. With `wait`: first print `{"ready":true}` and stay on the CPU, never
+//!   sleeping, until SIGUSR1 arrives, so a test can start its window after the process's
+//!   start-up sleeps (loading, page faults) have ended.
 //! - `pinned-spin MS THREADS CPU`: like `spin` (MS of CPU time each), every thread pinned to
 //!   CPU; prints the
 //!   kernel's own run-queue delay of the spinning threads (`/proc/thread-self/schedstat`).
@@ -49,9 +52,16 @@ fn main() {
             fsync(&scratch_dir(), 10);
         }
         "nap" => {
-            for _ in 0..num(arg(1)) {
-                std::thread::sleep(Duration::from_millis(num(arg(2))));
+            if args.get(3).map(String::as_str) == Some("wait") {
+                wait_for_go();
             }
+            let mut slept = Duration::ZERO;
+            for _ in 0..num(arg(1)) {
+                let at = std::time::Instant::now();
+                std::thread::sleep(Duration::from_millis(num(arg(2))));
+                slept += at.elapsed();
+            }
+            println!(r#"{{"slept_ns":{}}}"#, slept.as_nanos());
         }
         _ => usage(),
     }
@@ -66,6 +76,29 @@ fn usage() -> ! {
 
 fn num(text: &str) -> u64 {
     text.parse().unwrap_or_else(|_| usage())
+}
+
+/// Set by the SIGUSR1 handler.
+static GO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_go(_signal: libc::c_int) {
+    GO.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Prints that start-up is over, then spins (on the CPU, no system call, never asleep) until
+/// SIGUSR1 arrives.
+fn wait_for_go() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe { libc::signal(libc::SIGUSR1, on_go as *const () as libc::sighandler_t) };
+    announce_ready();
+    while !GO.load(std::sync::atomic::Ordering::SeqCst) {
+        std::hint::spin_loop();
+    }
+}
+
+fn announce_ready() {
+    println!(r#"{{"ready":true}}"#);
+    let _ = std::io::stdout().flush();
 }
 
 /// Where file I/O goes: `$WP_SCRATCH` (a disk-backed directory the VM tests pass, since their

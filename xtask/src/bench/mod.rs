@@ -42,6 +42,26 @@ pub struct BenchArgs {
     /// Where to write the report (default: BENCHMARKS.md at the repository root).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Only the per-event section, as JSON to --out, with the agent given by --agent and no
+    /// setup or build: what the VM matrix runs inside each guest.
+    #[arg(long, hide = true, requires_all = ["agent", "out"])]
+    pub per_event_only: bool,
+    /// The workerprobe binary for --per-event-only.
+    #[arg(long, hide = true)]
+    pub agent: Option<PathBuf>,
+}
+
+/// One program's per-event cost, as `--per-event-only` writes it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct ProgCostRecord {
+    /// Who loaded it.
+    pub owner: String,
+    /// The kernel's program name.
+    pub name: String,
+    /// Median ns per run over the windows.
+    pub ns_per_event: f64,
+    /// Median runs per second.
+    pub events_per_second: f64,
 }
 
 /// Name prefixes of workerprobe's kernel programs: every group's programs start so.
@@ -194,6 +214,9 @@ impl Results {
 pub fn bench(args: BenchArgs) -> Result<()> {
     if !cmd::is_root() {
         bail!("the bench loads eBPF programs and makes cgroups: run `sudo -E cargo xtask bench`");
+    }
+    if let (true, Some(agent), Some(out)) = (args.per_event_only, &args.agent, &args.out) {
+        return per_event_only(agent, out);
     }
     if args.rounds == 0 {
         bail!("--rounds must be at least 1");
@@ -466,6 +489,47 @@ fn attach_times(env: &PeerEnv, runs: usize) -> Result<Vec<f64>> {
         }
     }
     Ok(times)
+}
+
+/// The per-event section alone, written as JSON: no setup, no build, the given agent.
+fn per_event_only(agent: &Path, out: &Path) -> Result<()> {
+    check_tools()?;
+    sys::ensure_tracefs()?;
+    let scratch = std::env::temp_dir().join("wp-bench-scratch");
+    fs::create_dir_all(&scratch)
+        .with_context(|| format!("could not create {}", scratch.display()))?;
+    let mount = sys::cgroup2_mount()?;
+    let _bench_cgroup = Cgroup::create(&mount, "wpbench")?;
+    let env = PeerEnv {
+        all_groups: all_program_groups(agent)?,
+        agent: agent.to_path_buf(),
+        scripts: cmd::workspace_root()?.join("bench"),
+        mount,
+        bench_rel: "/wpbench".to_owned(),
+        scratch: scratch.clone(),
+    };
+    let runner = Runner {
+        xtask: std::env::current_exe().context("could not find the xtask binary")?,
+        sizes: sizes(false),
+        iperf_port: IPERF_PORT,
+        scratch,
+    };
+    let bpf_stats = sys::Sysctl::set("kernel.bpf_stats_enabled", "1")?;
+    let costs = per_event_costs(&env, &runner, 3)?;
+    drop(bpf_stats);
+    let records: Vec<ProgCostRecord> = costs
+        .iter()
+        .filter_map(|cost| {
+            Some(ProgCostRecord {
+                owner: cost.owner.clone(),
+                name: cost.name.clone(),
+                ns_per_event: Summary::of(&cost.ns_per_event)?.median,
+                events_per_second: Summary::of(&cost.events_per_second)?.median,
+            })
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&records)?;
+    fs::write(out, text).with_context(|| format!("could not write {}", out.display()))
 }
 
 /// Section 1: ns per run of each program, workerprobe's (with the floor) and bpftrace's

@@ -1,0 +1,810 @@
+//! `cargo xtask vm-test`: the integration tests whose outcome depends on the kernel or the
+//! cgroup layout, run in a VM of each kernel our users run (Debian's own builds), on pure
+//! cgroup2 with the cpu, memory, io and pids controllers on, then one table of the matrix.
+//!
+//! The VM is virtme-ng (PyPI): it boots a kernel with this machine's root file system shared
+//! read-only over virtiofs, so the test binaries built here run there unchanged. The `vmtest`
+//! crate was the other candidate; it shares the root over 9p, which Debian's -cloud kernels
+//! do not have, and cannot load the modules they need. One boot per kernel runs every test
+//! binary one after the other; the tests write only to a scratch ext4 disk and to the
+//! results directory shared read-write.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use clap::Args;
+
+use crate::{cmd, setup};
+
+/// Options of `cargo xtask vm-test`.
+#[derive(Args, Debug, Default)]
+pub struct VmArgs {
+    /// Boot only this kernel of the matrix (6.1, 6.12); repeat for several. Default: all.
+    #[arg(long = "kernel", value_name = "NAME")]
+    pub kernels: Vec<String>,
+    /// Also rewrite the matrix in README.md and the VM per-event costs in BENCHMARKS.md from
+    /// this run.
+    #[arg(long)]
+    pub update_docs: bool,
+}
+
+/// A kernel of the matrix: a Debian package, the newest of its series in the archive.
+pub struct KernelSpec {
+    /// Short name (`--kernel`).
+    pub name: &'static str,
+    /// Who ships it, for the table.
+    pub distribution: &'static str,
+    /// `apt-cache search --names-only` pattern of the package series.
+    pub pattern: &'static str,
+}
+
+/// The kernels booted in VMs. -cloud builds: the same kernel, fewer drivers, faster boots.
+pub const MATRIX: &[KernelSpec] = &[
+    KernelSpec {
+        name: "6.1",
+        distribution: "Debian 12 (bookworm)",
+        pattern: r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$",
+    },
+    KernelSpec {
+        name: "6.12",
+        distribution: "Debian 13 (trixie), Debian 12 backports",
+        pattern: r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$",
+    },
+];
+
+/// An integration test binary and the arguments it gets in a VM.
+pub struct VmTest {
+    /// Its name (tests/tests/<name>.rs).
+    pub name: &'static str,
+    /// Extra libtest arguments inside a VM.
+    pub vm_args: &'static [&'static str],
+}
+
+/// The test binaries whose outcome depends on the kernel or the cgroup layout: the programs
+/// and their variants, cgroups, memory, exec, bytes, pinning, privileges. Pure user-space
+/// tests (pictures, flag parsing, the screens, Prometheus) run on the host only.
+pub const VM_TESTS: &[VmTest] = &[
+    VmTest {
+        name: "cpu",
+        vm_args: &[],
+    },
+    VmTest {
+        name: "delays",
+        vm_args: &[],
+    },
+    VmTest {
+        name: "net",
+        vm_args: &[],
+    },
+    VmTest {
+        name: "workers",
+        vm_args: &[],
+    },
+    VmTest {
+        name: "restart",
+        vm_args: &[],
+    },
+    VmTest {
+        name: "privileges",
+        vm_args: &[],
+    },
+    // The churn of 10,000 workers takes minutes under emulation and tests the agent's own
+    // bookkeeping, the same on every kernel: host only.
+    VmTest {
+        name: "robustness",
+        vm_args: &["--skip", "ten_thousand_short_workers"],
+    },
+    VmTest {
+        name: "cli",
+        vm_args: &[],
+    },
+];
+
+/// Longest one VM may run before it is killed.
+const VM_LIMIT: Duration = Duration::from_secs(40 * 60);
+
+/// Where the matrix's files live: kernels, the virtme-ng environment, each run's results.
+pub fn vm_dir() -> Result<PathBuf> {
+    Ok(cmd::target_dir()?.join("vm"))
+}
+
+/// One test binary's outcome in one environment.
+#[derive(Clone, Debug, Default)]
+pub struct BinaryResult {
+    /// Test names that passed.
+    pub passed: Vec<String>,
+    /// Test names that failed.
+    pub failed: Vec<String>,
+    /// Exit status of the binary (0 when every test passed).
+    pub status: i32,
+    /// Wall seconds it took.
+    pub seconds: f64,
+    /// The log, for a failure's report.
+    pub log: PathBuf,
+}
+
+impl BinaryResult {
+    fn ok(&self) -> bool {
+        self.status == 0 && self.failed.is_empty() && !self.passed.is_empty()
+    }
+}
+
+/// One environment of the matrix: the host, or a kernel in a VM.
+#[derive(Clone, Debug, Default)]
+pub struct Row {
+    /// "host" or the kernel's short name.
+    pub name: String,
+    /// Distribution / where it comes from.
+    pub origin: String,
+    /// `uname -r` there.
+    pub release: String,
+    /// How the VM ran (kvm, tcg) or "native".
+    pub accel: String,
+    /// cgroup layout (unified, hybrid) and the root's controllers.
+    pub cgroups: String,
+    /// Per program group, the variant `workerprobe check` reported (or why none).
+    pub variants: BTreeMap<String, String>,
+    /// Per test binary.
+    pub results: BTreeMap<String, BinaryResult>,
+    /// Per-event costs measured there.
+    pub costs: Vec<(String, String, f64, f64)>,
+    /// Seconds the whole environment took (boot included).
+    pub seconds: f64,
+}
+
+impl Row {
+    /// Whether every binary ran and passed.
+    pub fn ok(&self) -> bool {
+        !self.results.is_empty() && self.results.values().all(BinaryResult::ok)
+    }
+}
+
+/// `cargo xtask vm-test`.
+pub fn vm_test(args: &VmArgs) -> Result<()> {
+    if !cmd::is_root() {
+        bail!(
+            "the VM tests load eBPF programs inside the VMs as root: run `sudo -E cargo xtask vm-test`"
+        );
+    }
+    setup::setup()?;
+    let specs = chosen(&args.kernels)?;
+    let kernels = setup::setup_vm(&specs)?;
+    let executables = build_release()?;
+    let mut rows = Vec::new();
+    for kernel in &kernels {
+        rows.push(run_in_vm(kernel, &executables)?);
+    }
+    finish(&rows, args.update_docs)
+}
+
+/// Prints the table, writes it to target/vm/matrix.md (and the docs when asked), and fails
+/// if any environment failed.
+pub fn finish(rows: &[Row], update_docs: bool) -> Result<()> {
+    let table = render(rows);
+    println!("\n{table}");
+    let path = vm_dir()?.join("matrix.md");
+    fs::create_dir_all(vm_dir()?)?;
+    fs::write(&path, &table).with_context(|| format!("writing {}", path.display()))?;
+    println!("matrix written to {}", path.display());
+    if update_docs {
+        let root = cmd::workspace_root()?;
+        replace_section(
+            &root.join("README.md"),
+            "kernel-matrix",
+            &render_matrix(rows),
+        )?;
+        replace_section(
+            &root.join("BENCHMARKS.md"),
+            "vm-per-event",
+            &render_costs(rows),
+        )?;
+    }
+    let failed: Vec<String> = rows
+        .iter()
+        .filter(|row| !row.ok())
+        .map(|row| {
+            let failures: Vec<String> = row
+                .results
+                .iter()
+                .filter(|(_, result)| !result.ok())
+                .map(|(name, result)| {
+                    if result.failed.is_empty() {
+                        format!(
+                            "{name} (exit {}, log {})",
+                            result.status,
+                            result.log.display()
+                        )
+                    } else {
+                        format!(
+                            "{name}: {} (log {})",
+                            result.failed.join(", "),
+                            result.log.display()
+                        )
+                    }
+                })
+                .collect();
+            let failures = if failures.is_empty() {
+                "no test ran".to_owned()
+            } else {
+                failures.join("; ")
+            };
+            format!("{}: {failures}", row.name)
+        })
+        .collect();
+    if !failed.is_empty() {
+        bail!("kernel matrix failed: {}", failed.join(" | "));
+    }
+    Ok(())
+}
+
+/// The matrix kernels named by `--kernel`, or all.
+fn chosen(names: &[String]) -> Result<Vec<&'static KernelSpec>> {
+    if names.is_empty() {
+        return Ok(MATRIX.iter().collect());
+    }
+    names
+        .iter()
+        .map(|name| {
+            MATRIX
+                .iter()
+                .find(|spec| spec.name == name)
+                .with_context(|| {
+                    format!(
+                        "`{name}` is not a kernel of the matrix: use one of {}",
+                        MATRIX.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+                    )
+                })
+        })
+        .collect()
+}
+
+/// A kernel ready to boot.
+pub struct Kernel {
+    /// Its spec.
+    pub spec: &'static KernelSpec,
+    /// Its vmlinuz (in the unpacked package, whose lib/modules virtme-ng reads).
+    pub vmlinuz: PathBuf,
+    /// Its release (the name under lib/modules).
+    pub release: String,
+}
+
+/// Builds the release agent and test binaries; returns the test executables by name.
+pub fn build_release() -> Result<BTreeMap<String, PathBuf>> {
+    cmd::run(cmd::cargo()?.args(["build", "--release", "-p", "probe-user"]))?;
+    test_executables(true)
+}
+
+/// The integration test executables (built if needed), by binary name.
+pub fn test_executables(release: bool) -> Result<BTreeMap<String, PathBuf>> {
+    let mut build = cmd::cargo()?;
+    build.args([
+        "test",
+        "-p",
+        "workerprobe-tests",
+        "--tests",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
+    if release {
+        build.arg("--release");
+    }
+    build.stdout(Stdio::piped());
+    let output = build
+        .spawn()
+        .context("could not run cargo")?
+        .wait_with_output()
+        .context("waiting for cargo")?;
+    if !output.status.success() {
+        bail!("building the integration tests failed");
+    }
+    let mut executables = BTreeMap::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_test = message["target"]["kind"]
+            .as_array()
+            .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
+        if message["reason"] == "compiler-artifact"
+            && is_test
+            && let (Some(name), Some(path)) = (
+                message["target"]["name"].as_str(),
+                message["executable"].as_str(),
+            )
+        {
+            executables.insert(name.to_owned(), PathBuf::from(path));
+        }
+    }
+    if executables.is_empty() {
+        bail!("cargo built no integration test executables");
+    }
+    Ok(executables)
+}
+
+/// Runs `executables` on the host, one at a time (they share kernel state), as the host row.
+pub fn run_on_host(
+    executables: &BTreeMap<String, PathBuf>,
+    extra: &[std::ffi::OsString],
+) -> Result<Row> {
+    let started = Instant::now();
+    let root = cmd::workspace_root()?;
+    let logs = vm_dir()?.join("host");
+    fs::create_dir_all(&logs)?;
+    let agent = cmd::target_dir()?.join("debug").join("workerprobe");
+    let check = cmd::probe(Command::new(&agent).args(["check", "--json"]));
+    let mut row = Row {
+        name: "host".into(),
+        origin: "this machine".into(),
+        accel: "native".into(),
+        ..Row::default()
+    };
+    if let Some(text) = check {
+        describe_from_check(&mut row, &text);
+    }
+    for (name, executable) in executables {
+        println!("==> host: {name}");
+        let log = logs.join(format!("{name}.log"));
+        let begun = Instant::now();
+        let status = run_logged(
+            Command::new(executable)
+                .arg("--test-threads=1")
+                .args(extra)
+                .current_dir(root),
+            &log,
+        )?;
+        let mut result = parse_libtest(&fs::read_to_string(&log).unwrap_or_default());
+        result.status = status;
+        result.seconds = begun.elapsed().as_secs_f64();
+        result.log = log;
+        row.results.insert(name.clone(), result);
+    }
+    row.seconds = started.elapsed().as_secs_f64();
+    Ok(row)
+}
+
+/// Runs a command with its output both shown and written to `log`; returns its exit code.
+fn run_logged(command: &mut Command, log: &Path) -> Result<i32> {
+    let file = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(file.try_clone()?)
+        .spawn()
+        .with_context(|| format!("could not start {}", cmd::describe(command)))?;
+    let mut stdout = child.stdout.take().context("stdout")?;
+    let mut file = file;
+    let mut buffer = [0u8; 8192];
+    loop {
+        let n = std::io::Read::read(&mut stdout, &mut buffer)?;
+        if n == 0 {
+            break;
+        }
+        std::io::Write::write_all(&mut std::io::stdout(), &buffer[..n])?;
+        std::io::Write::write_all(&mut file, &buffer[..n])?;
+    }
+    Ok(child.wait()?.code().unwrap_or(128))
+}
+
+/// Reads libtest's `test NAME ... ok|FAILED` lines.
+pub fn parse_libtest(text: &str) -> BinaryResult {
+    let mut result = BinaryResult::default();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("test ") else {
+            continue;
+        };
+        let Some((name, outcome)) = rest.split_once(" ... ") else {
+            continue;
+        };
+        // With --nocapture a test's own output may follow on the same line.
+        if outcome.starts_with("ok") {
+            result.passed.push(name.to_owned());
+        } else if outcome.starts_with("FAILED") {
+            result.failed.push(name.to_owned());
+        }
+    }
+    result
+}
+
+/// Fills a row's kernel, cgroup and variant cells from `workerprobe check --json`.
+fn describe_from_check(row: &mut Row, text: &str) {
+    let Ok(check) = serde_json::from_str::<serde_json::Value>(text) else {
+        row.variants
+            .insert("check".into(), "workerprobe check failed".into());
+        return;
+    };
+    row.release = check["kernel"].as_str().unwrap_or("?").to_owned();
+    let list = |value: &serde_json::Value| {
+        value
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|i| i.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default()
+    };
+    row.cgroups = format!(
+        "{} at {} (children get: {})",
+        check["cgroup2"]["layout"].as_str().unwrap_or("?"),
+        check["cgroup2"]["mount"].as_str().unwrap_or("?"),
+        match list(&check["cgroup2"]["subtree_control"]) {
+            text if text.is_empty() => "none".to_owned(),
+            text => text,
+        }
+    );
+    if let Some(groups) = check["groups"].as_object() {
+        for (group, report) in groups {
+            let cell = match report["variant"].as_str() {
+                Some(variant) => variant.to_owned(),
+                None => format!("not measured: {}", list(&report["missing"])),
+            };
+            row.variants.insert(group.clone(), cell);
+        }
+    }
+}
+
+/// Whether KVM can boot a stock kernel here; the reason when not.
+fn kvm_usable(kernel: &Kernel, venv_bin: &Path) -> std::result::Result<(), String> {
+    if !Path::new("/dev/kvm").exists() {
+        return Err("no /dev/kvm".into());
+    }
+    // PVM (kvm_pvm) runs only kernels built for it: Debian's crash in their decompressor.
+    if Path::new("/sys/module/kvm_pvm").exists() {
+        return Err("/dev/kvm is PVM (kvm_pvm), which cannot boot stock kernels".into());
+    }
+    let marker = "workerprobe-kvm-boot-ok";
+    let mut boot = vng(venv_bin, kernel, true);
+    boot.args(["--memory", "1G", "--", &format!("echo {marker}")]);
+    match output_within(&mut boot, Duration::from_secs(90)) {
+        Some(text) if text.contains(marker) => Ok(()),
+        _ => Err("a KVM boot did not come up; `-cpu host` fails on some nested hosts".into()),
+    }
+}
+
+/// `vng` for `kernel`, with KVM or software emulation.
+fn vng(venv_bin: &Path, kernel: &Kernel, kvm: bool) -> Command {
+    let mut vng = Command::new(venv_bin.join("vng"));
+    if !kvm {
+        vng.arg("--disable-kvm");
+    }
+    vng.arg("--cpus").arg("2").arg("-r").arg(&kernel.vmlinuz);
+    // vng runs virtme-run and virtiofsd from PATH.
+    let path = cmd::path_with(&[venv_bin.to_path_buf()]).unwrap_or_default();
+    vng.env("PATH", path);
+    vng
+}
+
+/// Runs a command for at most `limit`; its stdout and stderr when it ended in time.
+fn output_within(command: &mut Command, limit: Duration) -> Option<String> {
+    let out = std::env::temp_dir().join(format!("wp-vm-probe-{}.log", std::process::id()));
+    let file = fs::File::create(&out).ok()?;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().ok()?)
+        .stderr(file)
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let text = fs::read_to_string(&out).ok();
+    let _ = fs::remove_file(&out);
+    text
+}
+
+/// Boots `kernel` once and runs every VM test binary inside; returns its row.
+pub fn run_in_vm(kernel: &Kernel, executables: &BTreeMap<String, PathBuf>) -> Result<Row> {
+    let started = Instant::now();
+    let root = cmd::workspace_root()?;
+    let venv_bin = vm_dir()?.join("venv").join("bin");
+    let out = vm_dir()?.join("run").join(kernel.spec.name);
+    if out.exists() {
+        fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
+    }
+    fs::create_dir_all(&out)?;
+    // A real disk for the tests' file I/O (fsync must block on a device, not on memory).
+    let disk = out.join("scratch.img");
+    fs::File::create(&disk)?.set_len(1 << 30)?;
+    cmd::run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&disk))?;
+
+    let (kvm, accel) = match kvm_usable(kernel, &venv_bin) {
+        Ok(()) => (true, "kvm".to_owned()),
+        Err(reason) => (false, format!("tcg ({reason})")),
+    };
+    let agent = cmd::target_dir()?.join("release").join("workerprobe");
+    let xtask = std::env::current_exe().context("could not find the xtask binary")?;
+    let script = guest_script(&out, &agent, &xtask, executables)?;
+    let script_path = out.join("guest.sh");
+    fs::write(&script_path, script)?;
+
+    println!(
+        "==> VM {} ({}), {accel}: {} test binaries",
+        kernel.spec.name,
+        kernel.release,
+        VM_TESTS.len()
+    );
+    let mut boot = vng(&venv_bin, kernel, kvm);
+    boot.arg("--memory")
+        .arg("2G")
+        .arg("--rwdir")
+        .arg(&out)
+        .arg(format!(
+            "--qemu-opts=-drive file={},if=virtio,format=raw,cache=none",
+            disk.display()
+        ))
+        .arg("--")
+        .arg(format!("bash {}", script_path.display()))
+        .current_dir(root);
+    let console = out.join("console.log");
+    let file = fs::File::create(&console)?;
+    let mut child = boot
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .spawn()
+        .context("could not start vng (virtme-ng)")?;
+    let deadline = Instant::now() + VM_LIMIT;
+    let mut shown = 0;
+    loop {
+        // Progress as the guest writes it.
+        let progress = fs::read_to_string(out.join("progress")).unwrap_or_default();
+        for line in progress.lines().skip(shown) {
+            println!("    {} {line}", kernel.spec.name);
+            shown += 1;
+        }
+        if child.try_wait()?.is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            println!("    {} killed after {VM_LIMIT:?}", kernel.spec.name);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let _ = fs::remove_file(&disk);
+
+    let mut row = Row {
+        name: kernel.spec.name.to_owned(),
+        origin: kernel.spec.distribution.to_owned(),
+        release: kernel.release.clone(),
+        accel,
+        ..Row::default()
+    };
+    describe_from_check(
+        &mut row,
+        &fs::read_to_string(out.join("check.json")).unwrap_or_default(),
+    );
+    for test in VM_TESTS {
+        let log = out.join(format!("{}.log", test.name));
+        let Ok(text) = fs::read_to_string(&log) else {
+            row.results.insert(
+                test.name.to_owned(),
+                BinaryResult {
+                    status: -1,
+                    log: console.clone(),
+                    ..BinaryResult::default()
+                },
+            );
+            continue;
+        };
+        let mut result = parse_libtest(&text);
+        let rc = fs::read_to_string(out.join(format!("{}.rc", test.name))).unwrap_or_default();
+        let mut fields = rc.split_whitespace();
+        result.status = fields.next().and_then(|v| v.parse().ok()).unwrap_or(-1);
+        result.seconds = fields.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        result.log = log;
+        row.results.insert(test.name.to_owned(), result);
+    }
+    if let Ok(text) = fs::read_to_string(out.join("cost.json"))
+        && let Ok(records) = serde_json::from_str::<Vec<crate::bench::ProgCostRecord>>(&text)
+    {
+        row.costs = records
+            .into_iter()
+            .map(|r| (r.owner, r.name, r.ns_per_event, r.events_per_second))
+            .collect();
+    }
+    row.seconds = started.elapsed().as_secs_f64();
+    Ok(row)
+}
+
+/// The script the guest runs: pure cgroup2 with the controllers on, bpffs, the scratch disk,
+/// then each test binary, then the per-event costs.
+fn guest_script(
+    out: &Path,
+    agent: &Path,
+    xtask: &Path,
+    executables: &BTreeMap<String, PathBuf>,
+) -> Result<String> {
+    let out = out.display();
+    let mut script = format!(
+        r#"#!/bin/bash
+# Written by `cargo xtask vm-test`; runs inside the VM.
+out={out}
+progress() {{ echo "$*" >> $out/progress; }}
+cg=$(awk '$3 == "cgroup2" {{ print $2; exit }}' /proc/mounts)
+[ -n "$cg" ] || {{ mount -t cgroup2 none /sys/fs/cgroup && cg=/sys/fs/cgroup; }}
+# What a systemd host gives its slices.
+echo "+cpu +memory +io +pids" > $cg/cgroup.subtree_control
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+mkdir -p /run/wp-scratch && mount -t ext4 /dev/vda /run/wp-scratch || progress "no scratch disk"
+export WP_SCRATCH=/run/wp-scratch
+progress "booted $(uname -r), cgroup2 at $cg"
+{agent} check --json > $out/check.json 2> $out/check.err
+"#,
+        agent = agent.display()
+    );
+    for test in VM_TESTS {
+        let executable = executables
+            .get(test.name)
+            .with_context(|| format!("no integration test binary `{}`", test.name))?;
+        let _ = write!(
+            script,
+            r#"started=$(date +%s.%N)
+{exe} --test-threads=1 {args} > $out/{name}.log 2>&1
+rc=$?
+echo "$rc $(echo "$(date +%s.%N) - $started" | bc)" > $out/{name}.rc
+progress "{name}: $(grep -E '^test result' $out/{name}.log || echo "exit $rc")"
+"#,
+            exe = executable.display(),
+            args = test.vm_args.join(" "),
+            name = test.name,
+        );
+    }
+    let _ = write!(
+        script,
+        r#"progress "per-event cost (bpf_stats)"
+{xtask} bench --per-event-only --agent {agent} --out $out/cost.json > $out/cost.log 2>&1 || progress "per-event cost failed: see cost.log"
+progress "done"
+"#,
+        xtask = xtask.display(),
+        agent = agent.display()
+    );
+    Ok(script)
+}
+
+/// The matrix as text: what each program group uses per kernel, then each test binary's
+/// outcome per kernel.
+pub fn render(rows: &[Row]) -> String {
+    let mut out = render_matrix(rows);
+    out.push('\n');
+    out.push_str(&render_costs(rows));
+    out
+}
+
+/// The README's section: kernels, what runs there, tests.
+pub fn render_matrix(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let header: Vec<String> = rows
+        .iter()
+        .map(|row| format!("{} `{}`", row.name, row.release))
+        .collect();
+    let _ = writeln!(out, "| | {} |", header.join(" | "));
+    let _ = writeln!(out, "|---|{}", "---|".repeat(rows.len()));
+    let cell = |f: &dyn Fn(&Row) -> String| rows.iter().map(f).collect::<Vec<_>>().join(" | ");
+    let _ = writeln!(out, "| from | {} |", cell(&|r| r.origin.clone()));
+    let _ = writeln!(out, "| ran | {} |", cell(&|r| r.accel.clone()));
+    let _ = writeln!(out, "| cgroups | {} |", cell(&|r| r.cgroups.clone()));
+    let groups: std::collections::BTreeSet<&String> =
+        rows.iter().flat_map(|r| r.variants.keys()).collect();
+    for group in groups {
+        let _ = writeln!(
+            out,
+            "| `{group}` | {} |",
+            cell(&|r| r.variants.get(group).cloned().unwrap_or_else(|| "—".into()))
+        );
+    }
+    let binaries: std::collections::BTreeSet<&String> =
+        rows.iter().flat_map(|r| r.results.keys()).collect();
+    for binary in binaries {
+        let _ = writeln!(
+            out,
+            "| tests/{binary}.rs | {} |",
+            cell(&|r| match r.results.get(binary) {
+                None => "(host only)".into(),
+                Some(result) if result.ok() =>
+                    format!("{} passed ({:.0} s)", result.passed.len(), result.seconds),
+                Some(result) => format!(
+                    "**{} failed** of {}",
+                    result.failed.len().max(1),
+                    result.passed.len() + result.failed.len()
+                ),
+            })
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| whole run | {} |",
+        cell(&|r| format!("{:.0} s", r.seconds))
+    );
+    out
+}
+
+/// The per-event costs measured in each VM (bpf_stats on).
+pub fn render_costs(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let with_costs: Vec<&Row> = rows.iter().filter(|r| !r.costs.is_empty()).collect();
+    if with_costs.is_empty() {
+        return "No per-event costs were measured in the VMs.\n".into();
+    }
+    let _ = writeln!(
+        out,
+        "| kernel | program | loaded by | ns/event | events/s | × floor |\n|---|---|---|---|---|---|"
+    );
+    for row in with_costs {
+        let floor = row
+            .costs
+            .iter()
+            .find(|(_, name, _, _)| name == "switch_floor")
+            .map(|(_, _, ns, _)| *ns);
+        for (owner, name, ns, rate) in &row.costs {
+            let ratio = floor
+                .filter(|f| *f > 0.0)
+                .map_or("n/a".to_owned(), |f| format!("{:.1}", ns / f));
+            let _ = writeln!(
+                out,
+                "| {} `{}` | `{name}` | {owner} | {ns:.1} | {rate:.0} | {ratio} |",
+                row.name, row.release
+            );
+        }
+    }
+    out
+}
+
+/// Replaces what lies between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in `path`.
+fn replace_section(path: &Path, name: &str, body: &str) -> Result<()> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let begin = format!("<!-- {name}:begin -->");
+    let end = format!("<!-- {name}:end -->");
+    let (Some(start), Some(stop)) = (text.find(&begin), text.find(&end)) else {
+        bail!(
+            "{} has no {begin} … {end} section to update",
+            path.display()
+        );
+    };
+    let updated = format!("{}{begin}\n{body}{}", &text[..start], &text[stop..]);
+    fs::write(path, updated).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_libtest_lines() {
+        let text = "running 3 tests\ntest a ... ok\ntest b ... FAILED\ntest c ... ignored\ntest d ... napper: 1 ms\nok\n\ntest result: FAILED. 1 passed; 1 failed;\n";
+        let result = parse_libtest(text);
+        assert_eq!(result.passed, ["a"]);
+        assert_eq!(result.failed, ["b"]);
+    }
+
+    #[test]
+    fn every_vm_test_exists() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/tests");
+        for test in VM_TESTS {
+            assert!(
+                dir.join(format!("{}.rs", test.name)).exists(),
+                "{}",
+                test.name
+            );
+        }
+        assert!(chosen(&["5.4".into()]).is_err());
+        assert_eq!(chosen(&[]).unwrap().len(), MATRIX.len());
+    }
+}
