@@ -272,6 +272,39 @@ pub struct ProbeArgs {
     /// counters. `workerprobe unpin DIR` removes them.
     #[arg(long, value_name = "DIR", value_parser = crate::loader::pin::parse_pin_dir)]
     pub pin: Option<std::path::PathBuf>,
+    /// For benchmarks: count socket bytes with this variant even where the kernel offers the
+    /// other (tracepoint: sock_send_length, 6.3+; fexit: the protocols' sendmsg/recvmsg).
+    #[arg(long, hide = true, value_enum)]
+    pub net_attach: Option<NetAttachChoice>,
+}
+
+/// `--net-attach` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum NetAttachChoice {
+    /// The socket-length tracepoints.
+    Tracepoint,
+    /// fexit on the protocols' sendmsg / recvmsg.
+    Fexit,
+}
+
+impl From<NetAttachChoice> for crate::loader::NetAttach {
+    fn from(choice: NetAttachChoice) -> Self {
+        match choice {
+            NetAttachChoice::Tracepoint => Self::Tracepoint,
+            NetAttachChoice::Fexit => Self::Fexit,
+        }
+    }
+}
+
+impl ProbeArgs {
+    /// The loader's options these flags ask for.
+    pub fn load_options(&self) -> crate::loader::LoadOptions {
+        crate::loader::LoadOptions {
+            max_workers: self.max_workers,
+            groups: self.programs.iter().map(|&choice| choice.into()).collect(),
+            net_attach: self.net_attach.map(Into::into),
+        }
+    }
 }
 
 /// `--programs` values.

@@ -27,10 +27,28 @@ pub fn require_root() {
 }
 
 /// Loads and attaches the programs and returns a collector that reads cpu.stat too.
+///
+/// `WP_TEST_NET_ATTACH=fexit` (or `tracepoint`) forces the socket variant, so the VM matrix
+/// checks both on a kernel that has both.
 pub fn collector() -> KernelCollector {
     require_root();
     let mount = cgroup::find_cgroup2_mount().expect("find cgroup2 mount");
-    let probe = loader::load_and_attach(&LoadOptions::default()).expect("load and attach probe");
+    let net_attach = match std::env::var("WP_TEST_NET_ATTACH").as_deref() {
+        Ok("fexit") => Some(loader::NetAttach::Fexit),
+        Ok("tracepoint") => Some(loader::NetAttach::Tracepoint),
+        _ => None,
+    };
+    let options = LoadOptions {
+        net_attach,
+        ..LoadOptions::default()
+    };
+    let probe = loader::load_and_attach(&options).expect("load and attach probe");
+    if net_attach.is_some() {
+        assert!(
+            probe.measured().net,
+            "the forced socket variant cannot run here"
+        );
+    }
     KernelCollector::new(probe, CgroupIndex::new(mount), true).expect("collector")
 }
 

@@ -133,3 +133,130 @@ fn a_bad_value_names_the_flag_and_exits_2() {
     assert!(stderr.contains("--interval"), "{stderr}");
     assert!(stderr.contains("like 1s"), "{stderr}");
 }
+
+/// `workerprobe check` on this kernel: every group runs (through whichever variant the
+/// kernel allows), and the cgroup2 mount it names is the one in mountinfo.
+#[test]
+fn check_finds_a_variant_for_every_group() {
+    require_root();
+    let output = Command::new(workerprobe_path())
+        .args(["check", "--json"])
+        .output()
+        .expect("run workerprobe check");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    for group in ["cpu", "delays", "net", "workers"] {
+        assert!(
+            report["groups"][group]["variant"].is_string(),
+            "{group} has no variant: {report}"
+        );
+    }
+    let mount = workerprobe::cgroup::find_cgroup2_mount().expect("cgroup2");
+    assert_eq!(report["cgroup2"]["mount"], mount.display().to_string());
+    // The socket-length tracepoints exist from 6.3; before, the fexit variant runs.
+    let btf = std::fs::read("/sys/kernel/btf/vmlinux").expect("BTF");
+    let has_tracepoint = btf
+        .windows(b"btf_trace_sock_send_length".len())
+        .any(|w| w == b"btf_trace_sock_send_length");
+    let net = report["groups"]["net"]["variant"].as_str().unwrap_or("");
+    assert_eq!(
+        net.starts_with("tp_btf"),
+        has_tracepoint,
+        "net variant {net}"
+    );
+}
+
+/// The default `top`, piped, shows a worker sending bytes while it sends.
+#[test]
+fn top_once_shows_a_sending_worker_and_its_bytes() {
+    require_root();
+    let sender = TestCgroup::new("cli-top-send");
+    let receiver = TestCgroup::new("cli-top-recv");
+    let mut recv = receiver.spawn_workload(&["recv", "tcp", "127.0.0.1:0", "0"]);
+    let addr = read_first_json_line(&mut recv)["addr"]
+        .as_str()
+        .expect("addr")
+        .to_string();
+    // Sends for as long as top takes to start and sample (killed after).
+    let mut send = sender.spawn_workload(&["send", "tcp", &addr, "1000000000000", "65536"]);
+    let output = Command::new(workerprobe_path())
+        .args([
+            "top",
+            "--once",
+            "--interval",
+            "2s",
+            "--workers",
+            "*cli-top-send",
+        ])
+        .output()
+        .expect("run workerprobe top");
+    let _ = send.kill();
+    let _ = send.wait();
+    let _ = recv.kill();
+    let _ = recv.wait();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "top failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let name = sender
+        .dir
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let row = stdout
+        .lines()
+        .find(|line| line.contains(&name))
+        .unwrap_or_else(|| panic!("no row for {name} in\n{stdout}"));
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    // SEND/s is the fourth figure from the right of CPU-TOTAL SENT RECV.
+    let sent_total = columns[columns.len() - 2];
+    assert!(
+        sent_total != "0B" && sent_total != "n/a",
+        "no bytes sent in {row:?}"
+    );
+}
+
+/// With only the CPU programs, delays and bytes are not measured: null and n/a, never 0.
+#[test]
+fn cpu_only_shows_delays_and_bytes_as_not_measured() {
+    require_root();
+    let worker = TestCgroup::new("cli-cpu-only");
+    let agent = start_agent(
+        &[
+            "snapshot",
+            "--json",
+            "--duration",
+            "2s",
+            "--programs",
+            "cpu",
+        ],
+        "attached",
+    );
+    wait_json_or_status(worker.spawn_workload(&["spin", "100", "1"]));
+    let output = agent.wait_with_output().expect("wait for agent");
+    assert!(output.status.success());
+    let document: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(document["measured"]["net"], false);
+    assert_eq!(document["measured"]["delays"], false);
+    let seen = document["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .find(|w| w["cgroup_id"] == worker.id)
+        .unwrap_or_else(|| panic!("worker missing from {document}"));
+    assert!(seen["net"].is_null() && seen["time"].is_null(), "{seen}");
+    assert!(seen["cpu"]["seconds"].as_f64().is_some_and(|s| s > 0.05));
+}
+
+fn wait_json_or_status(child: std::process::Child) {
+    let output = child.wait_with_output().expect("wait");
+    assert!(
+        output.status.success(),
+        "workload failed: {:?}",
+        output.status
+    );
+}

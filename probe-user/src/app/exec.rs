@@ -18,7 +18,7 @@ use crate::{
     clock::Timestamp,
     collect::KernelCollector,
     error::UserError,
-    loader::{self, LoadOptions},
+    loader,
     memory::{self, MemoryReader},
     model::{
         identity::identify,
@@ -110,15 +110,7 @@ pub fn exec(args: &ExecArgs) -> anyhow::Result<u8> {
     };
     let mount = cgroup::find_cgroup2_mount()?;
     // Load first: a user without privileges learns it before anything is made.
-    let probe = loader::load_and_attach(&LoadOptions {
-        max_workers: args.probe.max_workers,
-        groups: args
-            .probe
-            .programs
-            .iter()
-            .map(|&choice| choice.into())
-            .collect(),
-    })?;
+    let probe = loader::load_and_attach(&args.probe.load_options())?;
     super::tell_notes(&probe);
     let memory_reader = MemoryReader::new();
     let leaf = format!("exec-{}-{name}", std::process::id());

@@ -20,7 +20,7 @@ use crate::{
     cgroup::{self, CgroupIndex},
     cli::{ProbeArgs, SnapshotArgs, TopArgs},
     collect::{KernelCollector, Source as _},
-    loader::{self, LoadOptions},
+    loader,
     model::{self, Interval, selection::Selection},
     node::NodeFacts,
     sink::{json::SnapshotDocument, table},
@@ -47,11 +47,7 @@ pub fn start_collector(
     let mount = cgroup::find_cgroup2_mount()?;
     // Look the user up before loading anything: a typo should cost nothing.
     let account = probe_user_account(probe_args.user.as_deref())?;
-    let options = LoadOptions {
-        max_workers: probe.max_workers,
-        groups: probe.programs.iter().map(|&choice| choice.into()).collect(),
-    };
-    let probe = loader::open(&options, probe_args.pin.as_deref())?;
+    let probe = loader::open(&probe.load_options(), probe_args.pin.as_deref())?;
     tell_notes(&probe);
     let collector = KernelCollector::new(probe, CgroupIndex::new(mount), read_cpu_stat)?;
     if let Some(account) = account {

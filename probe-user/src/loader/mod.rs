@@ -91,6 +91,16 @@ impl ProgramGroup {
     }
 }
 
+/// The socket programs' variant, when it is forced rather than chosen from the kernel: to
+/// compare both on a kernel that has both (benchmarks, the VM matrix).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetAttach {
+    /// The sock_send_length / sock_recv_length tracepoints (6.3+).
+    Tracepoint,
+    /// fexit on the protocols' sendmsg / recvmsg.
+    Fexit,
+}
+
 /// Options for loading.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -98,6 +108,8 @@ pub struct LoadOptions {
     pub max_workers: u32,
     /// Which programs to attach.
     pub groups: Vec<ProgramGroup>,
+    /// Force the socket variant (the plan then acts as if the kernel lacked the other).
+    pub net_attach: Option<NetAttach>,
 }
 
 impl Default for LoadOptions {
@@ -105,6 +117,7 @@ impl Default for LoadOptions {
         Self {
             max_workers: probe_common::DEFAULT_MAX_WORKERS,
             groups: ProgramGroup::DEFAULT.to_vec(),
+            net_attach: None,
         }
     }
 }
@@ -203,6 +216,15 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
             features,
         )
     };
+    let mut features = features;
+    match options.net_attach {
+        None => {}
+        Some(NetAttach::Fexit) => {
+            features.tracepoints.remove("sock_send_length");
+            features.tracepoints.remove("sock_recv_length");
+        }
+        Some(NetAttach::Tracepoint) => features.fexit = false,
+    }
     let plan = Plan::new(&options.groups, &features);
     if !plan.runs_anything() {
         return Err(UserError::NothingToMeasure(plan.notes(&features::kernel_release())).into());

@@ -297,7 +297,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 
     progress("per-event cost (bpf_stats on)");
     bpf_stats.write("1")?;
-    results.prog_costs = per_event_costs(&env, &runner, if args.smoke { 1 } else { 3 })?;
+    results.prog_costs = per_event_costs(&env, &runner, if args.smoke { 1 } else { 3 }, true, &[])?;
     // bpf_stats add a clock read per program run: off for everything timed below.
     bpf_stats.write("0")?;
 
@@ -335,12 +335,13 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     drop(bench_cgroup);
 
     results.check_complete()?;
-    let text = report::render(&results);
     let out = match (args.out, args.smoke) {
         (Some(out), _) => out,
         (None, true) => std::env::temp_dir().join("workerprobe-bench-smoke.md"),
         (None, false) => root.join("BENCHMARKS.md"),
     };
+    let previous = fs::read_to_string(root.join("BENCHMARKS.md")).ok();
+    let text = report::render(&results, previous.as_deref());
     fs::write(&out, text).with_context(|| format!("could not write {}", out.display()))?;
     println!(
         "bench: wrote {} in {:.0} s",
@@ -510,12 +511,28 @@ fn per_event_only(agent: &Path, out: &Path) -> Result<()> {
     };
     let runner = Runner {
         xtask: std::env::current_exe().context("could not find the xtask binary")?,
-        sizes: sizes(false),
+        // Emulated VMs are slow: a load of seconds, still thousands of events per program.
+        sizes: Sizes {
+            pipe_loops: 50_000,
+            rr_seconds: 1.0,
+            ..sizes(false)
+        },
         iperf_port: IPERF_PORT,
         scratch,
     };
     let bpf_stats = sys::Sysctl::set("kernel.bpf_stats_enabled", "1")?;
-    let costs = per_event_costs(&env, &runner, 3)?;
+    // Where the kernel has the socket-length tracepoints, the fexit variant is measured beside
+    // them, on the same load.
+    let btf = fs::read("/sys/kernel/btf/vmlinux").unwrap_or_default();
+    let has_tracepoints = btf
+        .windows(b"btf_trace_sock_send_length".len())
+        .any(|w| w == b"btf_trace_sock_send_length");
+    let more: Vec<String> = if has_tracepoints {
+        vec!["net --net-attach fexit".to_owned()]
+    } else {
+        Vec::new()
+    };
+    let costs = per_event_costs(&env, &runner, 2, false, &more)?;
     drop(bpf_stats);
     let records: Vec<ProgCostRecord> = costs
         .iter()
@@ -534,7 +551,13 @@ fn per_event_only(agent: &Path, out: &Path) -> Result<()> {
 
 /// Section 1: ns per run of each program, workerprobe's (with the floor) and bpftrace's
 /// attached together, under a pipe + request/response load.
-fn per_event_costs(env: &PeerEnv, runner: &Runner, windows: usize) -> Result<Vec<ProgCost>> {
+fn per_event_costs(
+    env: &PeerEnv,
+    runner: &Runner,
+    windows: usize,
+    with_bpftrace: bool,
+    more_agents: &[String],
+) -> Result<Vec<ProgCost>> {
     let mut costs: Vec<ProgCost> = Vec::new();
     for _ in 0..windows {
         // Two agents side by side: floor + cpu (the floor comparison and the cpu-only
@@ -543,7 +566,10 @@ fn per_event_costs(env: &PeerEnv, runner: &Runner, windows: usize) -> Result<Vec
         // appeared when it attached.
         let mut owners: Vec<(String, u64)> = Vec::new();
         let mut agents = Vec::new();
-        for groups in ["floor,cpu".to_owned(), env.all_groups.clone()] {
+        let agents_to_start = ["floor,cpu".to_owned(), env.all_groups.clone()]
+            .into_iter()
+            .chain(more_agents.iter().cloned());
+        for groups in agents_to_start {
             let before = sys::prog_stats()?;
             agents.push(peers::start(Config::All, env, Some(&groups))?);
             let after = sys::prog_stats()?;
@@ -559,20 +585,28 @@ fn per_event_costs(env: &PeerEnv, runner: &Runner, windows: usize) -> Result<Vec
                     .map(|(id, _)| (format!("workerprobe --programs {groups}"), *id)),
             );
         }
-        let before = sys::prog_stats()?;
-        let bpftrace = peers::start(Config::Bpftrace, env, None)?;
-        // bpftrace may report its probes a moment before they show in bpftool: wait for them.
-        let mut s0 = sys::prog_stats()?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while s0.keys().all(|id| before.contains_key(id)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
-            s0 = sys::prog_stats()?;
-        }
-        owners.extend(
-            s0.keys()
-                .filter(|id| !before.contains_key(id))
-                .map(|id| ("bpftrace".to_owned(), *id)),
-        );
+        // bpftrace's script needs the socket-length tracepoints (6.3+): the VMs go without.
+        let bpftrace = if with_bpftrace {
+            let before = sys::prog_stats()?;
+            let bpftrace = peers::start(Config::Bpftrace, env, None)?;
+            // bpftrace may report its probes a moment before they show in bpftool: wait.
+            let mut listed = sys::prog_stats()?;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while listed.keys().all(|id| before.contains_key(id)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+                listed = sys::prog_stats()?;
+            }
+            owners.extend(
+                listed
+                    .keys()
+                    .filter(|id| !before.contains_key(id))
+                    .map(|id| ("bpftrace".to_owned(), *id)),
+            );
+            Some(bpftrace)
+        } else {
+            None
+        };
+        let s0 = sys::prog_stats()?;
         let t0 = Instant::now();
         runner.pipe()?;
         runner.rr()?;
@@ -581,7 +615,9 @@ fn per_event_costs(env: &PeerEnv, runner: &Runner, windows: usize) -> Result<Vec
         for agent in agents {
             agent.stop()?;
         }
-        bpftrace.stop()?;
+        if let Some(bpftrace) = bpftrace {
+            bpftrace.stop()?;
+        }
 
         for (owner, id) in owners {
             let (Some(a), Some(b)) = (s0.get(&id), s1.get(&id)) else {

@@ -183,10 +183,15 @@ pub fn start(config: Config, env: &PeerEnv, programs: Option<&str>) -> Result<Ru
 }
 
 /// `workerprobe snapshot` with a long window, attached; killed when the config stops.
+/// `groups` is a `--programs` value, optionally followed by more agent flags (e.g.
+/// `net --net-attach fexit`).
 fn start_agent(env: &PeerEnv, groups: &str) -> Result<Guarded> {
     let mut agent = Command::new(&env.agent);
+    let mut words = groups.split_whitespace();
     agent
-        .args(["snapshot", "--duration", "24h", "--programs", groups])
+        .args(["snapshot", "--duration", "24h", "--programs"])
+        .args(words.next())
+        .args(words)
         .stdout(Stdio::null());
     Ok(sys::spawn_attached(&format!("workerprobe --programs {groups}"), agent)?.0)
 }

@@ -23,7 +23,9 @@ struct Target {
 }
 
 /// The whole report.
-pub fn render(r: &Results) -> String {
+/// The report. `previous` is the file it replaces: the VM matrix's per-event section, which
+/// `cargo xtask vm-test --update-docs` writes, is carried over as it is.
+pub fn render(r: &Results, previous: Option<&str>) -> String {
     let mut out = String::new();
     header(&mut out, r);
     let targets = targets(r);
@@ -33,8 +35,43 @@ pub fn render(r: &Results) -> String {
     peers_section(&mut out, r);
     accuracy_section(&mut out, r);
     agent_cost_section(&mut out, r);
+    vm_section(&mut out, previous);
     missed_section(&mut out, &targets);
     out
+}
+
+/// Markers of the section `cargo xtask vm-test --update-docs` fills.
+const VM_BEGIN: &str = "<!-- vm-per-event:begin -->";
+const VM_END: &str = "<!-- vm-per-event:end -->";
+
+/// Per-event cost in the VM kernel matrix: each kernel's program variants (bpf_stats on),
+/// kept from the previous report; this run does not boot VMs.
+fn vm_section(out: &mut String, previous: Option<&str>) {
+    let _ = writeln!(
+        out,
+        "## 7. Per-event cost on other kernels (VM matrix)
+"
+    );
+    let _ = writeln!(
+        out,
+        "Measured by `sudo -E cargo xtask vm-test --update-docs` inside each VM of the kernel          matrix (software emulation: absolute ns are several times the host's; compare          programs within one kernel, and each against that kernel's `switch_floor`). Same          load and method as §1, without bpftrace (its script needs the 6.3 socket          tracepoints). Kernels before 6.3 count socket bytes with the fexit programs          `sock_tx_*`/`sock_rx_*`.\n"
+    );
+    let kept = previous.and_then(|text| {
+        let start = text.find(VM_BEGIN)? + VM_BEGIN.len();
+        let end = text.find(VM_END)?;
+        (start <= end).then(|| text[start..end].trim_start_matches('\n').to_owned())
+    });
+    let _ = writeln!(out, "{VM_BEGIN}");
+    match kept {
+        Some(body) => out.push_str(&body),
+        None => {
+            let _ = writeln!(
+                out,
+                "Not measured yet: run `sudo -E cargo xtask vm-test --update-docs`."
+            );
+        }
+    }
+    let _ = writeln!(out, "{VM_END}\n");
 }
 
 fn header(out: &mut String, r: &Results) {

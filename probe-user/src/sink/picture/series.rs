@@ -51,6 +51,8 @@ pub struct Picture {
     pub workers: Vec<WorkerSeries>,
     /// Lines the reader skipped (damaged or unknown).
     pub skipped_lines: usize,
+    /// What every run in the recording measured (a panel of anything else says so).
+    pub measured: crate::model::Measured,
 }
 
 /// One worker's series in the window.
@@ -405,6 +407,18 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
         to_seconds,
         workers: builders,
         skipped_lines: recording.skipped_lines,
+        measured: recording.segments.iter().fold(
+            crate::model::Measured::default(),
+            |all, segment| {
+                let run = segment.header.measured;
+                crate::model::Measured {
+                    cpu: all.cpu && run.cpu,
+                    delays: all.delays && run.delays,
+                    net: all.net && run.net,
+                    lifecycle: all.lifecycle && run.lifecycle,
+                }
+            },
+        ),
     })
 }
 

@@ -152,6 +152,7 @@ pub fn render(picture: &Picture, options: &SvgOptions) -> anyhow::Result<String>
                     y_desc: "cores",
                     log: false,
                     format: &|value| format!("{value:.2}"),
+                    measured: picture.measured.cpu,
                 },
                 x_range.clone(),
                 &shown,
@@ -162,7 +163,13 @@ pub fn render(picture: &Picture, options: &SvgOptions) -> anyhow::Result<String>
         let (breakdown, below) =
             rest.split_vertically(BREAKDOWN_LEGEND_HEIGHT + CELL_HEIGHT * cell_rows);
         rest = below;
-        draw_breakdown(&breakdown, x_range.clone(), &shown, &mut markers)?;
+        draw_breakdown(
+            &breakdown,
+            x_range.clone(),
+            &shown,
+            picture.measured.delays,
+            &mut markers,
+        )?;
         let rate_format = |value: f64| format!("{}/s", format_bytes(value));
         let (send, below) = rest.split_vertically(panel_height);
         draw_lines(
@@ -173,10 +180,17 @@ pub fn render(picture: &Picture, options: &SvgOptions) -> anyhow::Result<String>
                 y_desc: "bytes/s",
                 log: false,
                 format: &rate_format,
+                measured: picture.measured.net,
             },
             x_range.clone(),
             &shown,
-            &|worker| vec![steps(&worker.points, |point| point.send_bytes_per_second)],
+            &|worker| {
+                if picture.measured.net {
+                    vec![steps(&worker.points, |point| point.send_bytes_per_second)]
+                } else {
+                    Vec::new()
+                }
+            },
             &mut markers,
         )?;
         let (receive, memory) = below.split_vertically(panel_height);
@@ -188,13 +202,18 @@ pub fn render(picture: &Picture, options: &SvgOptions) -> anyhow::Result<String>
                 y_desc: "bytes/s",
                 log: false,
                 format: &rate_format,
+                measured: picture.measured.net,
             },
             x_range.clone(),
             &shown,
             &|worker| {
-                vec![steps(&worker.points, |point| {
-                    point.receive_bytes_per_second
-                })]
+                if picture.measured.net {
+                    vec![steps(&worker.points, |point| {
+                        point.receive_bytes_per_second
+                    })]
+                } else {
+                    Vec::new()
+                }
             },
             &mut markers,
         )?;
@@ -206,6 +225,7 @@ pub fn render(picture: &Picture, options: &SvgOptions) -> anyhow::Result<String>
                 y_desc: "bytes",
                 log: true,
                 format: &format_bytes,
+                measured: true,
             },
             x_range,
             &shown,
@@ -384,6 +404,9 @@ fn draw_gantt(area: &Area, picture: &Picture, markers: &mut Markers) -> Drawn {
     Ok(())
 }
 
+/// What a panel says of a figure the recording did not measure.
+const NOT_MEASURED: &str = "not measured in this recording (--programs, or this kernel)";
+
 /// What a panel of lines shows.
 struct LinePanel<'a> {
     /// Names the panel in `data-panel`.
@@ -394,6 +417,8 @@ struct LinePanel<'a> {
     log: bool,
     /// Formats an axis value (the value itself, not its log).
     format: &'a dyn Fn(f64) -> String,
+    /// Whether the recording measured it; if not the panel says so and draws nothing.
+    measured: bool,
 }
 
 /// One panel: a line (or several pieces of one) per worker, and a legend beside it.
@@ -439,7 +464,9 @@ fn draw_lines(
         0.0..1.0
     };
     let nothing = !high.is_finite() || (!panel.log && high <= 0.0);
-    let title = if nothing {
+    let title = if !panel.measured {
+        format!("{}: {NOT_MEASURED}", panel.title)
+    } else if nothing {
         format!("{}: none recorded", panel.title)
     } else {
         panel.title.to_string()
@@ -489,9 +516,18 @@ fn draw_breakdown(
     area: &Area,
     x_range: std::ops::Range<f64>,
     shown: &[&WorkerSeries],
+    measured: bool,
     markers: &mut Markers,
 ) -> Drawn {
     let (legend, grid) = area.split_vertically(BREAKDOWN_LEGEND_HEIGHT);
+    if !measured {
+        legend.draw_text(
+            &format!("Where each worker's thread time went: {NOT_MEASURED}"),
+            &(FONT, 16).into_font().color(&BLACK),
+            (12, 12),
+        )?;
+        return Ok(());
+    }
     legend.draw_text(
         "Where each worker's thread time went, % of its thread time per tick:",
         &(FONT, 16).into_font().color(&BLACK),

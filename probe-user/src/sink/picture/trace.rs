@@ -75,7 +75,13 @@ pub fn render(picture: &Picture) -> Value {
                 "args": Value::Object(exit.summary.clone()),
             }));
         }
-        counters(&worker.points, counter_pid, tid, &mut events);
+        counters(
+            &worker.points,
+            picture.measured,
+            counter_pid,
+            tid,
+            &mut events,
+        );
     }
     // Stable: events at one moment keep the order they were made in (a 0 before a value).
     events.sort_by(|a, b| {
@@ -132,19 +138,34 @@ fn counter(name: &str, seconds: f64, pid: usize, tid: usize, args: Value) -> Val
     json!({"name": name, "cat": "worker", "ph": "C", "ts": micros(seconds), "pid": pid, "tid": tid, "args": args})
 }
 
-/// The counter events of one worker's ticks.
-fn counters(points: &[TickPoint], pid: usize, tid: usize, events: &mut Vec<Value>) {
+/// The counter events of one worker's ticks; no track for what was not measured.
+fn counters(
+    points: &[TickPoint],
+    measured: crate::model::Measured,
+    pid: usize,
+    tid: usize,
+    events: &mut Vec<Value>,
+) {
     let percent = |share: f64| (share * 1e4).round() / 100.0;
+    // A track of zeros would read as measured: leave out what was not.
+    let mut push = |event: Value| {
+        let name = event["name"].as_str().unwrap_or("");
+        let unmeasured = (name == "time shares %" && !measured.delays)
+            || (name == "net bytes/s" && !measured.net);
+        if !unmeasured {
+            events.push(event);
+        }
+    };
     for (index, point) in points.iter().enumerate() {
         let at = point.start_seconds;
-        events.push(counter(
+        push(counter(
             "cores",
             at,
             pid,
             tid,
             json!({"cores": point.cores}),
         ));
-        events.push(counter(
+        push(counter(
             "time shares %",
             at,
             pid,
@@ -156,7 +177,7 @@ fn counters(points: &[TickPoint], pid: usize, tid: usize, events: &mut Vec<Value
                 "sleep": percent(point.sleep_share),
             }),
         ));
-        events.push(counter(
+        push(counter(
             "net bytes/s",
             at,
             pid,
@@ -164,7 +185,7 @@ fn counters(points: &[TickPoint], pid: usize, tid: usize, events: &mut Vec<Value
             json!({"send": point.send_bytes_per_second, "receive": point.receive_bytes_per_second}),
         ));
         if let Some(bytes) = point.memory_bytes {
-            events.push(counter(
+            push(counter(
                 "memory bytes",
                 point.end_seconds,
                 pid,
@@ -177,15 +198,15 @@ fn counters(points: &[TickPoint], pid: usize, tid: usize, events: &mut Vec<Value
             .is_some_and(|next| next.start_seconds - point.end_seconds <= 1e-6);
         if !continues {
             let at = point.end_seconds;
-            events.push(counter("cores", at, pid, tid, json!({"cores": 0.0})));
-            events.push(counter(
+            push(counter("cores", at, pid, tid, json!({"cores": 0.0})));
+            push(counter(
                 "time shares %",
                 at,
                 pid,
                 tid,
                 json!({"on_cpu": 0.0, "runqueue_wait": 0.0, "blocked_io": 0.0, "sleep": 0.0}),
             ));
-            events.push(counter(
+            push(counter(
                 "net bytes/s",
                 at,
                 pid,
