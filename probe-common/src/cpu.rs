@@ -1,5 +1,7 @@
 //! On-CPU time and context switches per cgroup, written by the `sched_switch` program.
 
+use crate::wait::WAIT_REASONS;
+
 /// Name of the per-CPU hash map: cgroup id (`u64`) → [`CpuStats`] of that cgroup on each CPU.
 pub const CPU_STATS_MAP: &str = "CPU_STATS";
 
@@ -55,6 +57,11 @@ pub struct CpuStats {
     /// Run-queue waits by length: bucket 0 is under 1 µs, bucket `b` is [2^(b-1), 2^b) µs, the
     /// last one everything from 2^(RUNQ_BUCKETS-2) µs up.
     pub runqueue_wait_hist: [u64; RUNQ_BUCKETS],
+    /// Blocked-I/O plus sleep nanoseconds by wait reason (`crate::wait::WAIT_*`); they sum to
+    /// `blocked_io_ns + sleep_ns`. Counted when the sleep ends.
+    pub wait_ns: [u64; WAIT_REASONS],
+    /// Sleeps by wait reason.
+    pub waits: [u64; WAIT_REASONS],
 }
 
 /// Buckets of the run-queue wait histogram: a power of two, so the programs can bound an
@@ -82,7 +89,8 @@ pub fn runq_bucket_upper_ns(bucket: usize) -> u64 {
     }
 }
 
-const _: () = assert!(core::mem::size_of::<CpuStats>() == 8 * (7 + RUNQ_BUCKETS));
+const _: () =
+    assert!(core::mem::size_of::<CpuStats>() == 8 * (7 + RUNQ_BUCKETS + 2 * WAIT_REASONS));
 
 #[cfg(feature = "user")]
 // SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.

@@ -11,7 +11,20 @@ pub const DROP_NET_STATS: u32 = 1;
 pub const DROP_TASK_STATE: u32 = 2;
 /// The lifecycle ring buffer was full: a cgroup made or removed went untold.
 pub const DROP_EVENTS: u32 = 3;
+/// An `ENDPOINTS` insert failed (map full): that call's per-endpoint figures are lost (the
+/// worker's totals are not).
+pub const DROP_ENDPOINTS: u32 = 4;
+/// A worker had more endpoints than `--max-endpoints-per-worker`: that call went to its
+/// `other` endpoint (counted, nothing lost).
+pub const DROP_ENDPOINT_OVERFLOW: u32 = 5;
 /// Number of drop slots (room for the programs to come).
 pub const DROP_SLOTS: u32 = 8;
 /// Names of the used slots, in order, as reported to users.
-pub const DROP_NAMES: [&str; 4] = ["cpu_stats", "net_stats", "task_state", "cgroup_events"];
+pub const DROP_NAMES: [&str; 6] = [
+    "cpu_stats",
+    "net_stats",
+    "task_state",
+    "cgroup_events",
+    "endpoints",
+    "endpoint_overflow",
+];

@@ -9,6 +9,7 @@ pub mod cpu;
 pub mod drops;
 pub mod net;
 pub mod task;
+pub mod wait;
 
 /// Default number of cgroups each per-cgroup map holds (changeable at load time).
 pub const DEFAULT_MAX_WORKERS: u32 = 16_384;

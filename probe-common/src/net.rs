@@ -73,3 +73,73 @@ unsafe impl aya::Pod for FamilyCounters {}
 #[cfg(feature = "user")]
 // SAFETY: an array of Pod structs, no padding.
 unsafe impl aya::Pod for NetStats {}
+
+/// Name of the per-CPU hash map: (cgroup id, remote endpoint) → [`EndpointStats`].
+pub const ENDPOINTS_MAP: &str = "ENDPOINTS";
+/// Name of the hash map counting each cgroup's endpoints (`u64` cgroup id → `u64`), which
+/// bounds them per worker (a `u64`: the BPF target's only atomic width).
+pub const ENDPOINT_COUNTS_MAP: &str = "ENDPOINT_COUNTS";
+/// Global: 1 when the socket programs keep per-endpoint figures (`--programs endpoints`).
+pub const ENDPOINTS_ON_GLOBAL: &str = "ENDPOINTS_ON";
+/// Global: most endpoints kept per worker; the rest go to its [`ENDPOINT_OTHER`] entry.
+pub const ENDPOINTS_PER_WORKER_GLOBAL: &str = "ENDPOINTS_PER_WORKER";
+/// Global: `offsetof(struct sock, __sk_common.skc_daddr)`.
+pub const SOCK_DADDR_OFFSET_GLOBAL: &str = "SOCK_DADDR_OFFSET";
+/// Global: `offsetof(struct sock, __sk_common.skc_dport)`.
+pub const SOCK_DPORT_OFFSET_GLOBAL: &str = "SOCK_DPORT_OFFSET";
+/// Global: `offsetof(struct sock, __sk_common.skc_v6_daddr)`.
+pub const SOCK_V6_DADDR_OFFSET_GLOBAL: &str = "SOCK_V6_DADDR_OFFSET";
+
+/// Default of `--max-endpoints-per-worker`.
+pub const DEFAULT_ENDPOINTS_PER_WORKER: u32 = 64;
+/// Default capacity of the endpoints map, all workers together.
+pub const DEFAULT_MAX_ENDPOINTS: u32 = 65_536;
+
+/// [`EndpointKey::family`] of a worker's entry for the endpoints beyond its bound.
+pub const ENDPOINT_OTHER: u16 = 0xffff;
+
+/// A worker's remote endpoint: the socket's peer as the kernel holds it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointKey {
+    /// cgroup v2 id of the worker.
+    pub cgroup_id: u64,
+    /// Peer address: IPv4 in the first 4 bytes, IPv6 in all 16, zeros for unix sockets and
+    /// unconnected ones.
+    pub addr: [u8; 16],
+    /// Peer port, host order (0 for unix and unconnected sockets).
+    pub port: u16,
+    /// Address family (`AF_INET`, `AF_INET6`, `AF_UNIX`, …), or [`ENDPOINT_OTHER`].
+    pub family: u16,
+    /// Keeps the size a multiple of 8 with no implicit padding.
+    pub reserved: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<EndpointKey>() == 32);
+
+/// What a worker did with one endpoint on one CPU. Counters only grow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// Payload bytes sent to it.
+    pub sent_bytes: u64,
+    /// Payload bytes received from it.
+    pub received_bytes: u64,
+    /// Successful send calls.
+    pub sent_calls: u64,
+    /// Successful receive calls.
+    pub received_calls: u64,
+    /// Nanoseconds the calls on its sockets slept before they returned.
+    pub wait_ns: u64,
+    /// Calls that slept.
+    pub waits: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<EndpointStats>() == 48);
+
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers, explicit padding field, every bit pattern valid.
+unsafe impl aya::Pod for EndpointKey {}
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers, no padding.
+unsafe impl aya::Pod for EndpointStats {}

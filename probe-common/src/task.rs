@@ -26,6 +26,49 @@ pub const CGROUP_ROOT_HIERARCHY_ID_OFFSET_GLOBAL: &str = "CGROUP_ROOT_HIERARCHY_
 /// Global: `offsetof(struct kernfs_node, id)`.
 pub const KERNFS_NODE_ID_OFFSET_GLOBAL: &str = "KERNFS_NODE_ID_OFFSET";
 
+/// Global: `offsetof(struct task_struct, flags)` (PF_KTHREAD tells kernel threads).
+pub const FLAGS_OFFSET_GLOBAL: &str = "TASK_FLAGS_OFFSET";
+/// Global: `offsetof(struct task_struct, files)`.
+pub const FILES_OFFSET_GLOBAL: &str = "TASK_FILES_OFFSET";
+/// Global: `offsetof(struct files_struct, fdt)`.
+pub const FILES_FDT_OFFSET_GLOBAL: &str = "FILES_FDT_OFFSET";
+/// Global: `offsetof(struct fdtable, max_fds)`.
+pub const FDTABLE_MAX_FDS_OFFSET_GLOBAL: &str = "FDTABLE_MAX_FDS_OFFSET";
+/// Global: `offsetof(struct fdtable, fd)`.
+pub const FDTABLE_FD_OFFSET_GLOBAL: &str = "FDTABLE_FD_OFFSET";
+/// Global: `offsetof(struct file, f_inode)`.
+pub const FILE_F_INODE_OFFSET_GLOBAL: &str = "FILE_F_INODE_OFFSET";
+/// Global: `offsetof(struct inode, i_mode)`.
+pub const INODE_I_MODE_OFFSET_GLOBAL: &str = "INODE_I_MODE_OFFSET";
+/// Global: `offsetof(struct pt_regs, orig_ax)` (the system call number, x86-64).
+pub const PT_REGS_ORIG_AX_OFFSET_GLOBAL: &str = "PT_REGS_ORIG_AX_OFFSET";
+/// Global: `offsetof(struct pt_regs, di)` (a system call's first argument, x86-64).
+pub const PT_REGS_DI_OFFSET_GLOBAL: &str = "PT_REGS_DI_OFFSET";
+
+/// Where a sleeping thread's wait reason is read: its flags, its system call and the kind of
+/// file that call is on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitOffsets {
+    /// `task_struct.flags`.
+    pub task_flags: u32,
+    /// `task_struct.files`.
+    pub task_files: u32,
+    /// `files_struct.fdt`.
+    pub files_fdt: u32,
+    /// `fdtable.max_fds`.
+    pub fdtable_max_fds: u32,
+    /// `fdtable.fd`.
+    pub fdtable_fd: u32,
+    /// `file.f_inode`.
+    pub file_f_inode: u32,
+    /// `inode.i_mode`.
+    pub inode_i_mode: u32,
+    /// `pt_regs.orig_ax`.
+    pub pt_regs_orig_ax: u32,
+    /// `pt_regs.di`.
+    pub pt_regs_di: u32,
+}
+
 /// The offsets, in the order the loader resolves them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TaskOffsets {

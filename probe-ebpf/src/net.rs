@@ -14,13 +14,16 @@ use aya_ebpf::{
     Global,
     helpers::bpf_get_current_task_btf,
     macros::{btf_tracepoint, fexit, map},
-    maps::PerCpuHashMap,
+    maps::{HashMap, PerCpuHashMap},
     programs::{BtfTracePointContext, FExitContext},
 };
 use probe_common::{
     DEFAULT_MAX_WORKERS,
-    drops::DROP_NET_STATS,
-    net::{MSG_PEEK, NetStats, family_slot},
+    drops::{DROP_ENDPOINT_OVERFLOW, DROP_ENDPOINTS, DROP_NET_STATS},
+    net::{
+        AF_INET, AF_INET6, DEFAULT_ENDPOINTS_PER_WORKER, DEFAULT_MAX_ENDPOINTS, ENDPOINT_OTHER,
+        EndpointKey, EndpointStats, MSG_PEEK, NetStats, family_slot,
+    },
 };
 
 use crate::{
@@ -32,6 +35,34 @@ use crate::{
 #[map]
 static NET_STATS: PerCpuHashMap<u64, NetStats> =
     PerCpuHashMap::with_max_entries(DEFAULT_MAX_WORKERS, BPF_F_NO_PREALLOC);
+
+/// (cgroup id, peer) → what the worker did with that peer on this CPU (`--programs
+/// endpoints`).
+#[map]
+static ENDPOINTS: PerCpuHashMap<EndpointKey, EndpointStats> =
+    PerCpuHashMap::with_max_entries(DEFAULT_MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
+
+/// cgroup id → how many endpoints it has in `ENDPOINTS`, to bound them per worker.
+#[map]
+static ENDPOINT_COUNTS: HashMap<u64, u64> =
+    HashMap::with_max_entries(DEFAULT_MAX_WORKERS, BPF_F_NO_PREALLOC);
+
+/// 1 when per-endpoint figures are kept; read-only, so the verifier drops the endpoint code
+/// from the programs when it is 0.
+#[unsafe(no_mangle)]
+static ENDPOINTS_ON: Global<u32> = Global::new(0);
+/// Endpoints kept per worker before the rest share its `other` entry.
+#[unsafe(no_mangle)]
+static ENDPOINTS_PER_WORKER: Global<u32> = Global::new(DEFAULT_ENDPOINTS_PER_WORKER);
+/// `offsetof(struct sock, __sk_common.skc_daddr)`.
+#[unsafe(no_mangle)]
+static SOCK_DADDR_OFFSET: Global<u32> = Global::new(0);
+/// `offsetof(struct sock, __sk_common.skc_dport)`.
+#[unsafe(no_mangle)]
+static SOCK_DPORT_OFFSET: Global<u32> = Global::new(0);
+/// `offsetof(struct sock, __sk_common.skc_v6_daddr)`.
+#[unsafe(no_mangle)]
+static SOCK_V6_DADDR_OFFSET: Global<u32> = Global::new(0);
 
 /// `offsetof(struct sock, __sk_common.skc_family)`, set by the loader from the kernel's BTF.
 #[unsafe(no_mangle)]
@@ -138,7 +169,11 @@ fn account(sock: *const u8, bytes: u64, sent: bool) {
     let family: u16 = unsafe { core::ptr::read_volatile(sock.add(offset) as *const u16) };
     let slot = family_slot(family);
     // SAFETY: the helper returns the current task, a BTF pointer.
-    let cgroup_id = task::cgroup_id(unsafe { bpf_get_current_task_btf() } as task::Task);
+    let current = unsafe { bpf_get_current_task_btf() } as task::Task;
+    let cgroup_id = task::cgroup_id(current);
+    if ENDPOINTS_ON.load() != 0 {
+        account_endpoint(sock, family, current, bytes, sent);
+    }
     if let Some(stats) = NET_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: per-CPU value of this CPU; no other writer while we run.
         unsafe { add(&mut *stats, slot, bytes, sent) };
@@ -156,6 +191,113 @@ fn account(sock: *const u8, bytes: u64, sent: bool) {
         count_drop(DROP_NET_STATS);
     }
 }
+
+/// Adds a call to the worker's entry for the socket's peer, with the network sleeps of the
+/// call that just returned (claimed from the thread's state).
+#[inline(never)]
+fn account_endpoint(sock: *const u8, family: u16, current: task::Task, bytes: u64, sent: bool) {
+    // Read again rather than passed: a BPF function takes at most five arguments.
+    let mut key = EndpointKey {
+        cgroup_id: task::cgroup_id(current),
+        addr: [0; 16],
+        port: 0,
+        family,
+        reserved: 0,
+    };
+    // SAFETY: BTF-checked loads from the socket pointer at offsets from BTF.
+    unsafe {
+        if family == AF_INET {
+            let daddr: [u8; 4] = core::ptr::read_volatile(
+                sock.add(SOCK_DADDR_OFFSET.load() as usize) as *const [u8; 4],
+            );
+            key.addr[..4].copy_from_slice(&daddr);
+        } else if family == AF_INET6 {
+            key.addr = core::ptr::read_volatile(
+                sock.add(SOCK_V6_DADDR_OFFSET.load() as usize) as *const [u8; 16]
+            );
+        }
+        if family == AF_INET || family == AF_INET6 {
+            let dport: u16 =
+                core::ptr::read_volatile(sock.add(SOCK_DPORT_OFFSET.load() as usize) as *const u16);
+            key.port = u16::from_be(dport);
+        }
+    }
+    let (wait_ns, waits) = claim_network_wait(current);
+    let stats = match ENDPOINTS.get_ptr_mut(&key) {
+        Some(stats) => stats,
+        None => match first_use(&mut key) {
+            Some(stats) => stats,
+            None => {
+                count_drop(DROP_ENDPOINTS);
+                return;
+            }
+        },
+    };
+    // SAFETY: per-CPU value of this CPU; no other writer while we run.
+    let stats = unsafe { &mut *stats };
+    if sent {
+        stats.sent_bytes += bytes;
+        stats.sent_calls += 1;
+    } else {
+        stats.received_bytes += bytes;
+        stats.received_calls += 1;
+    }
+    stats.wait_ns += wait_ns;
+    stats.waits += waits;
+}
+
+/// The network sleeps of the system call the current thread is returning from.
+#[inline(always)]
+fn claim_network_wait(current: task::Task) -> (u64, u64) {
+    let Some(state) = task::existing_state(current) else {
+        return (0, 0);
+    };
+    if state.unclaimed_net_waits == 0 {
+        return (0, 0);
+    }
+    let same_call = task::syscall(current).is_some_and(|(nr, _)| nr == state.unclaimed_syscall);
+    let claimed = (state.unclaimed_net_wait_ns, state.unclaimed_net_waits);
+    state.unclaimed_net_wait_ns = 0;
+    state.unclaimed_net_waits = 0;
+    if same_call { claimed } else { (0, 0) }
+}
+
+/// Rare path: a worker's first call with a peer since load. Counts the worker's endpoints;
+/// past its bound the call goes to the worker's `other` entry instead.
+#[inline(never)]
+fn first_use(key: &mut EndpointKey) -> Option<*mut EndpointStats> {
+    let cgroup_id = key.cgroup_id;
+    if ENDPOINT_COUNTS.get_ptr_mut(&cgroup_id).is_none() {
+        let _ = ENDPOINT_COUNTS.insert(&cgroup_id, &0u64, BPF_NOEXIST);
+    }
+    let count = ENDPOINT_COUNTS.get_ptr_mut(&cgroup_id)?;
+    // SAFETY: a shared value; racing CPUs may let a worker pass its bound by one or two.
+    if unsafe { core::ptr::read_volatile(count) } >= u64::from(ENDPOINTS_PER_WORKER.load()) {
+        // Every call beyond the bound is counted, and charged to the worker's `other` peer.
+        count_drop(DROP_ENDPOINT_OVERFLOW);
+        key.addr = [0; 16];
+        key.port = 0;
+        key.family = ENDPOINT_OTHER;
+        if let Some(stats) = ENDPOINTS.get_ptr_mut(&*key) {
+            return Some(stats);
+        }
+    } else {
+        // SAFETY: as above. Not atomic (the BPF target has no fetch-add in Rust): two CPUs
+        // counting a new peer at once may count it once, letting one more in.
+        unsafe { *count += 1 };
+    }
+    let _ = ENDPOINTS.insert(&*key, &ZERO_ENDPOINT, BPF_NOEXIST);
+    ENDPOINTS.get_ptr_mut(&*key)
+}
+
+static ZERO_ENDPOINT: EndpointStats = EndpointStats {
+    sent_bytes: 0,
+    received_bytes: 0,
+    sent_calls: 0,
+    received_calls: 0,
+    wait_ns: 0,
+    waits: 0,
+};
 
 #[inline(always)]
 fn add(stats: &mut NetStats, slot: usize, bytes: u64, sent: bool) {

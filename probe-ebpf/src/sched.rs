@@ -13,6 +13,9 @@ use probe_common::{
     DEFAULT_MAX_WORKERS,
     cpu::{CpuStats, LastSwitch, RUNQ_BUCKETS, runq_bucket},
     drops::{DROP_CPU_STATS, DROP_SLOTS, DROP_TASK_STATE},
+    wait::{
+        SyscallWait, WAIT_NETWORK, WAIT_OTHER, WAIT_REASONS, file_wait, syscall_wait, unknown_wait,
+    },
 };
 
 use crate::task::{self, BLOCKED_IO, RUNNING, SLEEPING, Task, TaskState};
@@ -105,7 +108,18 @@ fn on_wakeup(task: Task) {
         _ => return, // woken before it got off the CPU
     }
     state.pending_wakeups += 1;
+    state.pending_reason = state.reason;
     state.state = RUNNING;
+    if state.reason == WAIT_NETWORK {
+        // For the socket programs to charge to the peer when this call returns.
+        if state.unclaimed_syscall != state.sleep_syscall {
+            state.unclaimed_syscall = state.sleep_syscall;
+            state.unclaimed_net_wait_ns = 0;
+            state.unclaimed_net_waits = 0;
+        }
+        state.unclaimed_net_wait_ns += slept_ns;
+        state.unclaimed_net_waits += 1;
+    }
 }
 
 /// Sets the task's baselines to what the scheduler has counted so far.
@@ -197,12 +211,37 @@ fn go_off_cpu(state: &mut TaskState, prev: Task, voluntary: bool, prev_state: u6
         state.state = RUNNING;
         return;
     }
-    state.state = if prev_state & TASK_UNINTERRUPTIBLE != 0 && prev_state & TASK_NOLOAD == 0 {
+    let uninterruptible = prev_state & TASK_UNINTERRUPTIBLE != 0 && prev_state & TASK_NOLOAD == 0;
+    state.state = if uninterruptible {
         BLOCKED_IO
     } else {
         SLEEPING
     };
     state.slept_at_ns = task::last_arrival_ns(prev) + slice_ns;
+    let (reason, syscall) = wait_reason(prev, uninterruptible);
+    state.reason = reason;
+    state.sleep_syscall = syscall;
+}
+
+/// Why `prev` is going to sleep, and the system call it sleeps in: the call says why, and for
+/// a call on a file descriptor the file's kind. Kernel threads wait for other.
+#[inline(always)]
+fn wait_reason(prev: Task, uninterruptible: bool) -> (u32, i64) {
+    if task::is_kthread(prev) {
+        return (WAIT_OTHER, -1);
+    }
+    let Some((nr, first_arg)) = task::syscall(prev) else {
+        return (unknown_wait(uninterruptible), -1);
+    };
+    let reason = match syscall_wait(nr) {
+        SyscallWait::Reason(reason) => reason,
+        SyscallWait::Unknown => unknown_wait(uninterruptible),
+        SyscallWait::OnFd => match task::fd_mode(prev, first_arg) {
+            Some(mode) => file_wait(mode),
+            None => unknown_wait(uninterruptible),
+        },
+    };
+    (reason, nr)
 }
 
 /// Adds a slice, and with `DELAYS` the task's run-queue waits and pending sleeps, to its
@@ -240,6 +279,11 @@ fn add_slice<const DELAYS: bool>(
     stats.blocked_io_ns += state.pending_blocked_io_ns;
     stats.sleep_ns += state.pending_sleep_ns;
     stats.wakeups += state.pending_wakeups;
+    if state.pending_wakeups > 0 {
+        let reason = state.pending_reason as usize & (WAIT_REASONS - 1);
+        stats.wait_ns[reason] += state.pending_blocked_io_ns + state.pending_sleep_ns;
+        stats.waits[reason] += state.pending_wakeups;
+    }
     state.pending_blocked_io_ns = 0;
     state.pending_sleep_ns = 0;
     state.pending_wakeups = 0;
@@ -275,4 +319,6 @@ static ZERO_STATS: CpuStats = CpuStats {
     sleep_ns: 0,
     wakeups: 0,
     runqueue_wait_hist: [0; RUNQ_BUCKETS],
+    wait_ns: [0; WAIT_REASONS],
+    waits: [0; WAIT_REASONS],
 };

@@ -6,7 +6,14 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{Global, helpers::generated::bpf_task_storage_get, macros::btf_map};
+use aya_ebpf::{
+    Global,
+    helpers::{
+        bpf_probe_read_kernel,
+        generated::{bpf_task_pt_regs, bpf_task_storage_get},
+    },
+    macros::btf_map,
+};
 
 #[unsafe(no_mangle)]
 static TASK_SUM_EXEC_RUNTIME_OFFSET: Global<u32> = Global::new(0);
@@ -32,6 +39,24 @@ static KERNFS_NODE_ID_OFFSET: Global<u32> = Global::new(0);
 static CGROUP_ROOT_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static CGROUP_ROOT_HIERARCHY_ID_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_FLAGS_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_FILES_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static FILES_FDT_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static FDTABLE_MAX_FDS_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static FDTABLE_FD_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static FILE_F_INODE_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static INODE_I_MODE_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static PT_REGS_ORIG_AX_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static PT_REGS_DI_OFFSET: Global<u32> = Global::new(0);
 
 /// A `struct task_struct *` from a tracepoint argument (or the current task).
 pub type Task = *const u8;
@@ -102,6 +127,65 @@ pub fn cgroup_id(task: Task) -> u64 {
     }
 }
 
+/// `PF_KTHREAD` in `task_struct.flags`.
+const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// Whether the task is a kernel thread.
+#[inline(always)]
+pub fn is_kthread(task: Task) -> bool {
+    // SAFETY: task pointer from a tracepoint; offset from BTF.
+    let flags: u32 = unsafe { field(task, TASK_FLAGS_OFFSET.load()) };
+    flags & PF_KTHREAD != 0
+}
+
+/// The system call the task is in (`pt_regs.orig_ax`; negative outside one) and its first
+/// argument (`pt_regs.di`), from the registers it entered the kernel with.
+#[inline(always)]
+pub fn syscall(task: Task) -> Option<(i64, u64)> {
+    // SAFETY: the helper returns the task's pt_regs as a BTF pointer, or null.
+    let regs = unsafe { bpf_task_pt_regs(task as *mut _) } as *const u8;
+    if regs.is_null() {
+        return None;
+    }
+    // SAFETY: BTF-checked loads from the BTF pt_regs pointer.
+    unsafe {
+        Some((
+            field(regs, PT_REGS_ORIG_AX_OFFSET.load()),
+            field(regs, PT_REGS_DI_OFFSET.load()),
+        ))
+    }
+}
+
+/// Reads a `T` at `address` with `bpf_probe_read_kernel` (for addresses computed from an
+/// index, which BTF-checked loads cannot take); `None` if the read faults.
+#[inline(always)]
+fn read_kernel<T: Copy>(address: u64) -> Option<T> {
+    // SAFETY: the helper copes with any address; a fault is an error return.
+    unsafe { bpf_probe_read_kernel(address as *const T).ok() }
+}
+
+/// `i_mode` of the file the task has open as `fd`: task→files→fdt→fd[fd]→f_inode→i_mode.
+#[inline(always)]
+pub fn fd_mode(task: Task, fd: u64) -> Option<u16> {
+    // SAFETY: BTF-checked loads through the task pointer; a fault yields 0.
+    let (max_fds, fd_array) = unsafe {
+        let files: *const u8 = field(task, TASK_FILES_OFFSET.load());
+        let fdt: *const u8 = field(files, FILES_FDT_OFFSET.load());
+        let max_fds: u32 = field(fdt, FDTABLE_MAX_FDS_OFFSET.load());
+        let fd_array: u64 = field(fdt, FDTABLE_FD_OFFSET.load());
+        (max_fds, fd_array)
+    };
+    if fd >= u64::from(max_fds) || fd_array == 0 {
+        return None;
+    }
+    let file: u64 = read_kernel(fd_array + fd * 8)?;
+    if file == 0 {
+        return None;
+    }
+    let inode: u64 = read_kernel(file + u64::from(FILE_F_INODE_OFFSET.load()))?;
+    read_kernel(inode + u64::from(INODE_I_MODE_OFFSET.load()))
+}
+
 /// A `struct cgroup *` from a tracepoint argument.
 pub type Cgroup = *const u8;
 
@@ -152,6 +236,19 @@ pub struct TaskState {
     pub state: u32,
     /// Wakeups not yet added to its cgroup.
     pub pending_wakeups: u64,
+    /// Why it is asleep (`probe_common::wait::WAIT_*`), set when it leaves the CPU to sleep.
+    pub reason: u32,
+    /// The reason of the pending sleep (the one its last wakeup ended).
+    pub pending_reason: u32,
+    /// The system call it went to sleep in (negative: none).
+    pub sleep_syscall: i64,
+    /// The system call of `unclaimed_net_wait_ns`.
+    pub unclaimed_syscall: i64,
+    /// Network sleeps in that call not yet charged to an endpoint: the socket programs charge
+    /// them to the socket's peer when the call returns.
+    pub unclaimed_net_wait_ns: u64,
+    /// How many sleeps `unclaimed_net_wait_ns` holds.
+    pub unclaimed_net_waits: u64,
 }
 
 /// [`TaskState::flags`]: the baselines are set.
@@ -190,6 +287,22 @@ static TASK_STATE: TaskStorage = TaskStorage {
 
 /// `BPF_LOCAL_STORAGE_GET_F_CREATE`.
 const F_CREATE: u64 = 1;
+
+/// The task's state if it has one (never made here: for programs off the scheduler path).
+#[inline(always)]
+pub fn existing_state(task: Task) -> Option<&'static mut TaskState> {
+    // SAFETY: as in `state`, without F_CREATE.
+    let value = unsafe {
+        bpf_task_storage_get(
+            &TASK_STATE as *const TaskStorage as *mut c_void,
+            task as *mut _,
+            core::ptr::null_mut(),
+            0,
+        )
+    };
+    // SAFETY: the kernel returns a pointer to this task's value or null.
+    unsafe { (value as *mut TaskState).as_mut() }
+}
 
 /// The task's state, made (zeroed) if it has none; `None` only when the kernel could not
 /// allocate or the storage was busy on this CPU.

@@ -59,7 +59,11 @@ pub struct CheckArgs {
     #[arg(long)]
     pub json: bool,
     /// What to check (the same values as every command's --programs).
-    #[arg(long, value_delimiter = ',', default_value = "cpu,delays,net,workers")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "cpu,delays,net,workers,endpoints"
+    )]
     pub programs: Vec<ProgramChoice>,
 }
 
@@ -84,6 +88,10 @@ pub struct ServeArgs {
     /// before its series go, keeping label cardinality bounded.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub exit_grace: Duration,
+    /// Label endpoint series with raw peer addresses (ip:port) where no --endpoint rule names
+    /// them; by default those are summed as `unnamed`, keeping cardinality bounded.
+    #[arg(long)]
+    pub endpoint_addresses: bool,
     #[command(flatten)]
     pub workers: WorkerArgs,
     #[command(flatten)]
@@ -260,7 +268,11 @@ pub struct ProbeArgs {
     /// What to measure: cpu (on-CPU time, context switches), delays (where off-CPU time went:
     /// run-queue wait, blocked on I/O, sleep), net (socket bytes), workers (cgroups made and
     /// removed, for exit summaries). Separate with commas.
-    #[arg(long, value_delimiter = ',', default_value = "cpu,delays,net,workers")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "cpu,delays,net,workers,endpoints"
+    )]
     pub programs: Vec<ProgramChoice>,
     /// After loading and attaching, run as this unprivileged user with no capabilities
     /// (e.g. nobody); the agent keeps its map descriptors. Not for `exec`, which must remove
@@ -272,6 +284,15 @@ pub struct ProbeArgs {
     /// counters. `workerprobe unpin DIR` removes them.
     #[arg(long, value_name = "DIR", value_parser = crate::loader::pin::parse_pin_dir)]
     pub pin: Option<std::path::PathBuf>,
+    /// Name remote endpoints, first match first: NAME=CIDR[:PORT] or NAME=:PORT (repeat for
+    /// several), e.g. --endpoint object-store=10.20.0.0/16:9000 --endpoint web=:443. Peers no
+    /// rule names show as ip:port; loopback and unix sockets as local.
+    #[arg(long = "endpoint", value_name = "NAME=CIDR[:PORT]", value_parser = crate::model::endpoints::parse_rule)]
+    pub endpoints: Vec<crate::model::endpoints::EndpointRule>,
+    /// Most remote endpoints kept per worker; calls with more peers are counted under its
+    /// `other` endpoint (and as endpoint_overflow drops).
+    #[arg(long, default_value_t = probe_common::net::DEFAULT_ENDPOINTS_PER_WORKER, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_endpoints_per_worker: u32,
     /// For benchmarks: count socket bytes with this variant even where the kernel offers the
     /// other (tracepoint: sock_send_length, 6.3+; fexit: the protocols' sendmsg/recvmsg).
     #[arg(long, hide = true, value_enum)]
@@ -303,7 +324,14 @@ impl ProbeArgs {
             max_workers: self.max_workers,
             groups: self.programs.iter().map(|&choice| choice.into()).collect(),
             net_attach: self.net_attach.map(Into::into),
+            endpoints_per_worker: self.max_endpoints_per_worker,
+            max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
         }
+    }
+
+    /// How endpoints are named, from `--endpoint`.
+    pub fn endpoint_namer(&self) -> crate::model::endpoints::EndpointNamer {
+        crate::model::endpoints::EndpointNamer::new(self.endpoints.clone())
     }
 }
 
@@ -318,6 +346,8 @@ pub enum ProgramChoice {
     Net,
     /// Cgroups made and removed (exit summaries).
     Workers,
+    /// Bytes and network waits per remote endpoint (with net).
+    Endpoints,
     /// For benchmarks only: an empty sched_switch program, the cost floor.
     #[value(hide = true)]
     Floor,
@@ -330,6 +360,7 @@ impl From<ProgramChoice> for crate::loader::ProgramGroup {
             ProgramChoice::Delays => Self::Delays,
             ProgramChoice::Net => Self::Net,
             ProgramChoice::Workers => Self::Lifecycle,
+            ProgramChoice::Endpoints => Self::Endpoints,
             ProgramChoice::Floor => Self::Floor,
         }
     }

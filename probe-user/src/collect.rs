@@ -6,14 +6,16 @@ use probe_common::{
     cpu::{CPU_STATS_MAP, CpuStats, LAST_SWITCH_MAP, LastSwitch},
     drops::{DROP_NAMES, DROPS_MAP},
     lifecycle::{CGROUP_MADE, CgroupEvent, EVENTS_MAP},
-    net::{NET_STATS_MAP, NetStats},
+    net::{
+        ENDPOINT_COUNTS_MAP, ENDPOINTS_MAP, EndpointKey, EndpointStats, NET_STATS_MAP, NetStats,
+    },
 };
 
 use crate::{
     cgroup::{self, CgroupIndex},
     clock::Timestamp,
     loader::Probe,
-    model::{Drops, LifecycleEvent, Measured, Sample, WorkerCounters},
+    model::{Drops, LifecycleEvent, Measured, Sample, WorkerCounters, endpoints::EndpointDelta},
 };
 
 /// Something that yields cumulative samples: the kernel now, a recording later.
@@ -40,6 +42,8 @@ struct RunningSlice {
 pub struct KernelCollector {
     cpu_stats: PerCpuHashMap<MapData, u64, CpuStats>,
     net_stats: PerCpuHashMap<MapData, u64, NetStats>,
+    endpoints: PerCpuHashMap<MapData, EndpointKey, EndpointStats>,
+    endpoint_counts: aya::maps::HashMap<MapData, u64, u64>,
     drops: PerCpuArray<MapData, u64>,
     last_switch: PerCpuArray<MapData, LastSwitch>,
     events: RingBuf<MapData>,
@@ -76,6 +80,10 @@ impl KernelCollector {
             .with_context(|| format!("map {NET_STATS_MAP}"))?;
         let drops =
             PerCpuArray::try_from(take(DROPS_MAP)?).with_context(|| format!("map {DROPS_MAP}"))?;
+        let endpoints = PerCpuHashMap::try_from(take(ENDPOINTS_MAP)?)
+            .with_context(|| format!("map {ENDPOINTS_MAP}"))?;
+        let endpoint_counts = aya::maps::HashMap::try_from(take(ENDPOINT_COUNTS_MAP)?)
+            .with_context(|| format!("map {ENDPOINT_COUNTS_MAP}"))?;
         let last_switch = PerCpuArray::try_from(take(LAST_SWITCH_MAP)?)
             .with_context(|| format!("map {LAST_SWITCH_MAP}"))?;
         let events =
@@ -89,6 +97,8 @@ impl KernelCollector {
             reported_on_cpu_ns: std::collections::HashMap::new(),
             cpu_stats,
             net_stats,
+            endpoints,
+            endpoint_counts,
             drops,
             cgroups,
             read_cpu_stat,
@@ -120,6 +130,12 @@ impl Source for KernelCollector {
                     sum.received_bytes += add.received_bytes;
                     sum.received_calls += add.received_calls;
                 }
+            }
+        }
+        if self.measured.endpoints {
+            for (key, per_cpu) in read_all(&self.endpoints, self.cpus)? {
+                let worker = sample.workers.entry(key.cgroup_id).or_default();
+                worker.endpoints.push(sum_endpoint(key, &per_cpu));
             }
         }
         if self.read_cpu_stat {
@@ -205,6 +221,16 @@ impl KernelCollector {
                     sum.received_calls += add.received_calls;
                 }
             }
+        }
+        if self.measured.endpoints {
+            // Its endpoints are found by a read of the whole map: exits are rare beside ticks.
+            for (key, per_cpu) in read_all(&self.endpoints, self.cpus).unwrap_or_default() {
+                if key.cgroup_id == cgroup_id {
+                    worker.endpoints.push(sum_endpoint(key, &per_cpu));
+                    let _ = self.endpoints.remove(&key);
+                }
+            }
+            let _ = self.endpoint_counts.remove(&cgroup_id);
         }
         // Free the entries: the cgroup is gone and its id will not come back.
         let _ = self.cpu_stats.remove(&cgroup_id);
@@ -342,17 +368,26 @@ impl KernelCollector {
     }
 }
 
-/// Every entry of a per-CPU hash map keyed by cgroup id, in a few batched calls; key by key
-/// where the kernel lacks batch lookups.
-fn read_all<V: aya::Pod + Copy + Default>(
-    map: &PerCpuHashMap<MapData, u64, V>,
+/// One endpoint's counters summed over CPUs.
+fn sum_endpoint(key: EndpointKey, per_cpu: &[EndpointStats]) -> EndpointDelta {
+    let mut stats = EndpointStats::default();
+    for on_cpu in per_cpu {
+        crate::model::endpoints::add_stats(&mut stats, on_cpu);
+    }
+    EndpointDelta { key, stats }
+}
+
+/// Every entry of a per-CPU hash map, in a few batched calls; key by key where the kernel
+/// lacks batch lookups.
+fn read_all<K: aya::Pod + Copy + Default, V: aya::Pod + Copy + Default>(
+    map: &PerCpuHashMap<MapData, K, V>,
     cpus: usize,
-) -> anyhow::Result<Vec<(u64, Vec<V>)>> {
+) -> anyhow::Result<Vec<(K, Vec<V>)>> {
     use aya::maps::IterableMap as _;
     use std::os::fd::AsFd as _;
     let fd = map.map().fd().as_fd();
-    // SAFETY: our maps are per-CPU hashes with u64 keys and Pod values of type V.
-    match unsafe { crate::collect_batch::lookup_all_percpu::<V>(fd, cpus) } {
+    // SAFETY: the map is a per-CPU hash with Pod keys of type K and values of type V.
+    match unsafe { crate::collect_batch::lookup_all_percpu::<K, V>(fd, cpus) } {
         Ok(entries) => Ok(entries),
         Err(err) if err.raw_os_error() == Some(libc::EINVAL) => Ok(map
             .iter()

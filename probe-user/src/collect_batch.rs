@@ -23,22 +23,22 @@ struct BatchAttr {
     flags: u64,
 }
 
-/// Every entry of a per-CPU hash map with `u64` keys: (key, one value per possible CPU).
+/// Every entry of a per-CPU hash map: (key, one value per possible CPU).
 ///
 /// # Safety
-/// `fd` must be a `BPF_MAP_TYPE_PERCPU_HASH` with 8-byte keys and values of type `V`, and `V`
-/// must be valid for any bit pattern.
-pub unsafe fn lookup_all_percpu<V: Copy + Default>(
+/// `fd` must be a `BPF_MAP_TYPE_PERCPU_HASH` with keys of type `K` and values of type `V`,
+/// both valid for any bit pattern.
+pub unsafe fn lookup_all_percpu<K: Copy + Default, V: Copy + Default>(
     fd: BorrowedFd<'_>,
     cpus: usize,
-) -> io::Result<Vec<(u64, Vec<V>)>> {
+) -> io::Result<Vec<(K, Vec<V>)>> {
     let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
     let mut chunk = 1024usize;
     let mut entries = Vec::new();
     let mut in_token = 0u64;
     let mut first = true;
     loop {
-        let mut keys = vec![0u64; chunk];
+        let mut keys = vec![K::default(); chunk];
         let mut values = vec![0u8; chunk * cpus * stride];
         let mut out_token = 0u64;
         let mut attr = BatchAttr {

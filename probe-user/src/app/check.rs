@@ -65,22 +65,13 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
             .plan()
             .groups
             .iter()
-            .map(|(group, plan)| {
-                let report = match plan {
-                    GroupPlan::Runs(variant) => GroupReport {
-                        variant: Some(variant.name),
-                        missing: Vec::new(),
-                    },
-                    GroupPlan::Within(_) => GroupReport {
-                        variant: Some("within delays' sched_switch"),
-                        missing: Vec::new(),
-                    },
-                    GroupPlan::Missing(reasons) => GroupReport {
-                        variant: None,
-                        missing: reasons.clone(),
-                    },
+            .zip(probe.plan().summary())
+            .map(|((group, plan), (_, variant))| {
+                let missing = match plan {
+                    GroupPlan::Missing(reasons) => reasons.clone(),
+                    _ => Vec::new(),
                 };
-                (group.name(), report)
+                (group.name(), GroupReport { variant, missing })
             })
             .collect(),
     };

@@ -172,6 +172,7 @@ pub fn exec(args: &ExecArgs) -> anyhow::Result<u8> {
         ended.monotonic_ns,
         boot_offset_ns,
         collector.measured(),
+        &args.probe.endpoint_namer(),
         Some(ExecOutcome {
             command: args.command.clone(),
             exit_code,

@@ -96,6 +96,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
             let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
             let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
             let mut view = TopView::new(args.limit, NodeFacts::read().cpus);
+            view.endpoint_namer = args.probe.endpoint_namer();
             let mut shown = Interval::default();
             // Data flows one way: this loop samples and hands each interval to the screen.
             // Dropping `screen` (on quit, a signal, or an error returned by `?`) restores the
@@ -180,7 +181,8 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
     let mut interval = model::diff(Some(&start), &end);
     interval.retain_selected(&selection);
     let text = if args.json {
-        let document = SnapshotDocument::new(&interval, NodeFacts::read());
+        let document =
+            SnapshotDocument::new(&interval, NodeFacts::read(), &args.probe.endpoint_namer());
         serde_json::to_string_pretty(&document).context("encoding the snapshot as JSON")? + "\n"
     } else {
         table::render(&interval, usize::MAX)

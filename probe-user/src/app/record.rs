@@ -16,11 +16,16 @@ use super::watch::Watcher;
 use crate::{
     cli::RecordArgs,
     clock::Timestamp,
-    model::{self, Measured, MemoryReading, Sample, selection::Selection, summary::ExitSummary},
+    model::{
+        self, Measured, MemoryReading, Sample,
+        endpoints::{EndpointNamer, by_label},
+        selection::Selection,
+        summary::ExitSummary,
+    },
     node::NodeFacts,
     recording::{
         FORMAT, RecordingWriter, SCHEMA_VERSION,
-        line::{ExitOut, HeaderLine, Line, TickContext, TickLine},
+        line::{EndpointLine, ExitOut, HeaderLine, Line, TickContext, TickLine},
     },
 };
 
@@ -35,7 +40,8 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
     // Opened before the programs are loaded, so a path that cannot be written is told first.
     let mut writer = RecordingWriter::open(&args.out, rotate_bytes)?;
     let collector = super::start_collector(&args.probe, true)?;
-    let mut watcher = Watcher::new(collector, selection.clone());
+    let namer = args.probe.endpoint_namer();
+    let mut watcher = Watcher::new(collector, selection.clone()).with_endpoint_namer(namer.clone());
     let mut previous = watcher.sample()?;
     let run_started = previous.taken_at.unwrap_or_else(Timestamp::now);
     writer.begin(header(args, run_started, previous.measured))?;
@@ -60,7 +66,7 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
         tick += 1;
         let current = watcher.sample()?;
         let exits = watcher.poll();
-        let mut lines = encode_tick(tick, &previous, &current, &watcher, &selection)?;
+        let mut lines = encode_tick(tick, &previous, &current, &watcher, &selection, &namer)?;
         encode_exits(&mut lines, &exits)?;
         writer.write_tick(&lines)?;
         previous = current;
@@ -105,6 +111,7 @@ fn encode_tick(
     current: &Sample,
     watcher: &Watcher,
     selection: &Selection,
+    namer: &EndpointNamer,
 ) -> anyhow::Result<Vec<u8>> {
     let interval = model::diff(Some(previous), current);
     let end = interval.end.unwrap_or_else(Timestamp::now);
@@ -139,7 +146,24 @@ fn encode_tick(
                 ..reading
             })
         });
-        let line = TickLine::new(&context, stats, counters, path, memory);
+        let endpoints = interval.measured.endpoints.then(|| {
+            by_label(namer, &stats.endpoints)
+                .into_iter()
+                .map(|endpoint| EndpointLine {
+                    named: endpoint.group.is_some(),
+                    endpoint: endpoint.label,
+                    sent_bytes: endpoint.stats.sent_bytes,
+                    received_bytes: endpoint.stats.received_bytes,
+                    sent_calls: endpoint.stats.sent_calls,
+                    received_calls: endpoint.stats.received_calls,
+                    wait_seconds: interval
+                        .measured
+                        .delays
+                        .then(|| endpoint.stats.wait_ns as f64 / 1e9),
+                })
+                .collect()
+        });
+        let line = TickLine::new(&context, stats, counters, path, memory, endpoints);
         serde_json::to_writer(&mut lines, &Line::Tick(Box::new(line)))
             .context("encoding a tick line")?;
         lines.push(b'\n');

@@ -10,13 +10,17 @@ use anyhow::Context as _;
 
 use crate::{
     cli::ReplayArgs,
+    model::endpoints::EndpointNamer,
     model::selection::Selection,
     recording::{
         Segment, Tick,
         at::{find_tick, parse_at},
         read_recording,
     },
-    sink::{json::SnapshotDocument, table},
+    sink::{
+        json::{EndpointDocument, SnapshotDocument},
+        table,
+    },
 };
 
 /// Rows per table, as `top` shows by default.
@@ -66,7 +70,32 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
         let mut interval = tick.interval();
         interval.retain_selected(&selection);
         let text = if args.json {
-            let document = SnapshotDocument::new(&interval, segment.header.node.clone());
+            let mut document = SnapshotDocument::new(
+                &interval,
+                segment.header.node.clone(),
+                &EndpointNamer::default(),
+            );
+            // Endpoints were named when recorded: take them from the tick's lines.
+            for worker in &mut document.workers {
+                let line = tick
+                    .workers
+                    .iter()
+                    .find(|l| l.cgroup_id == worker.cgroup_id);
+                worker.endpoints = line.and_then(|line| line.endpoints.as_ref()).map(|lines| {
+                    lines
+                        .iter()
+                        .map(|l| EndpointDocument {
+                            endpoint: l.endpoint.clone(),
+                            named: l.named,
+                            sent_bytes: l.sent_bytes,
+                            received_bytes: l.received_bytes,
+                            sent_calls: l.sent_calls,
+                            received_calls: l.received_calls,
+                            wait_seconds: l.wait_seconds,
+                        })
+                        .collect()
+                });
+            }
             serde_json::to_string(&document).context("encoding a tick as JSON")? + "\n"
         } else {
             let mut text = String::new();

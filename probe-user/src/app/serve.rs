@@ -33,7 +33,9 @@ use crate::{
         CpuStatUsec, Measured, Sample, WorkerCounters, identity::Identity, registry::WorkerRecord,
         selection::Selection, summary::ExitSummary,
     },
-    sink::prometheus::{AgentCost, Exposition, Format, ProgramCost, WorkerSeries, render},
+    sink::prometheus::{
+        AgentCost, EndpointLabels, Exposition, Format, ProgramCost, WorkerSeries, render,
+    },
 };
 
 /// How often worker exits are looked for, so a worker that lived 50 ms is still seen.
@@ -50,11 +52,15 @@ pub async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let collector = super::start_collector(&args.probe, true)?;
     let measured = collector.measured();
     let mut collection = Collection::new(
-        Watcher::new(collector, selection),
+        Watcher::new(collector, selection).with_endpoint_namer(args.probe.endpoint_namer()),
         measured,
         args.interval,
         args.exit_grace,
     );
+    collection.endpoint_labels = EndpointLabels {
+        namer: args.probe.endpoint_namer(),
+        raw_addresses: args.endpoint_addresses,
+    };
     // The first sample before the first request, so no scrape sees an empty agent.
     let shared: Shared = Arc::new(RwLock::new(Arc::new(collection.collect(Instant::now())?)));
 
@@ -158,6 +164,7 @@ struct Collection {
     programs: ProgramNames,
     drops: Vec<(String, u64)>,
     collection_duration_seconds: f64,
+    endpoint_labels: EndpointLabels,
 }
 
 impl Collection {
@@ -170,6 +177,7 @@ impl Collection {
             programs: ProgramNames::default(),
             drops: Vec::new(),
             collection_duration_seconds: 0.0,
+            endpoint_labels: EndpointLabels::default(),
         }
     }
 
@@ -224,6 +232,7 @@ impl Collection {
             live_workers: self.series.live_workers(),
             worker_exits: self.series.exits,
             drops: self.drops.clone(),
+            endpoint_labels: self.endpoint_labels.clone(),
             agent: AgentCost {
                 cpu_seconds: agent_cpu_seconds(),
                 resident_memory_bytes: fs::read_to_string("/proc/self/status")
@@ -380,6 +389,22 @@ fn monotonic(previous: &WorkerCounters, mut current: WorkerCounters) -> WorkerCo
         *cur = max_cpu(prev, cur);
     }
     current.net = max_net(&previous.net, &current.net);
+    for before in &previous.endpoints {
+        match current.endpoints.iter_mut().find(|e| e.key == before.key) {
+            Some(now) => {
+                let (a, b) = (before.stats, now.stats);
+                now.stats = probe_common::net::EndpointStats {
+                    sent_bytes: a.sent_bytes.max(b.sent_bytes),
+                    received_bytes: a.received_bytes.max(b.received_bytes),
+                    sent_calls: a.sent_calls.max(b.sent_calls),
+                    received_calls: a.received_calls.max(b.received_calls),
+                    wait_ns: a.wait_ns.max(b.wait_ns),
+                    waits: a.waits.max(b.waits),
+                };
+            }
+            None => current.endpoints.push(before.clone()),
+        }
+    }
     current.cpu_stat = match (previous.cpu_stat, current.cpu_stat) {
         (Some(p), Some(c)) => Some(CpuStatUsec {
             usage_usec: p.usage_usec.max(c.usage_usec),
@@ -405,6 +430,8 @@ fn max_cpu(a: &CpuStats, b: &CpuStats) -> CpuStats {
         sleep_ns: a.sleep_ns.max(b.sleep_ns),
         wakeups: a.wakeups.max(b.wakeups),
         runqueue_wait_hist: hist,
+        wait_ns: std::array::from_fn(|r| a.wait_ns[r].max(b.wait_ns[r])),
+        waits: std::array::from_fn(|r| a.waits[r].max(b.waits[r])),
     }
 }
 
@@ -585,7 +612,15 @@ mod tests {
     }
 
     fn summary(record: &WorkerRecord, final_counters: &WorkerCounters) -> ExitSummary {
-        ExitSummary::new(record, final_counters, 1_000, 0, Measured::default(), None)
+        ExitSummary::new(
+            record,
+            final_counters,
+            1_000,
+            0,
+            Measured::default(),
+            &crate::model::endpoints::EndpointNamer::default(),
+            None,
+        )
     }
 
     #[test]

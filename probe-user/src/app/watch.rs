@@ -14,8 +14,8 @@ use crate::{
     collect::{KernelCollector, Source as _},
     memory::MemoryReader,
     model::{
-        Sample, WorkerCounters, registry::WorkerRegistry, selection::Selection,
-        summary::ExitSummary,
+        Sample, WorkerCounters, endpoints::EndpointNamer, registry::WorkerRegistry,
+        selection::Selection, summary::ExitSummary,
     },
     node::NodeFacts,
     sink::{json::SCHEMA_VERSION, summary::human_line},
@@ -50,6 +50,8 @@ pub struct Watcher {
     /// view owns the terminal).
     defer_warning: bool,
     deferred_warning: Option<String>,
+    /// Names the endpoints in exit summaries.
+    namer: EndpointNamer,
 }
 
 impl Watcher {
@@ -68,7 +70,14 @@ impl Watcher {
             drop_warning: super::warn::DropWarning::new(super::loaded_max_workers()),
             defer_warning: false,
             deferred_warning: None,
+            namer: EndpointNamer::default(),
         }
+    }
+
+    /// Names endpoints in exit summaries by these rules (`--endpoint`).
+    pub fn with_endpoint_namer(mut self, namer: EndpointNamer) -> Self {
+        self.namer = namer;
+        self
     }
 
     /// Names `max_workers` as the capacity in the drop warning (by default the one
@@ -128,6 +137,7 @@ impl Watcher {
                     removed_at_ns,
                     self.boot_offset_ns,
                     self.collector.measured(),
+                    &self.namer,
                     None,
                 );
                 summaries.push((summary, counters));
@@ -216,7 +226,8 @@ impl Watcher {
 pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
     let selection = Selection::new(&args.workers.patterns)?;
     let collector = super::start_collector(&args.probe, true)?;
-    let mut watcher = Watcher::new(collector, selection);
+    let mut watcher =
+        Watcher::new(collector, selection).with_endpoint_namer(args.probe.endpoint_namer());
     let mut stdout = std::io::stdout().lock();
     if args.json {
         let header = serde_json::json!({

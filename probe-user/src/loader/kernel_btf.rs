@@ -5,7 +5,7 @@
 
 use anyhow::{Context as _, anyhow, bail};
 use btf_rs::{Btf, Type};
-use probe_common::task::{SchedInfoOffsets, TaskOffsets};
+use probe_common::task::{SchedInfoOffsets, TaskOffsets, WaitOffsets};
 
 /// Where the kernel's BTF lives.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -13,6 +13,26 @@ pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// Byte offset of `skc_family` in `struct sock` (through `__sk_common`).
 pub fn sock_family_offset(btf: &Btf) -> anyhow::Result<u32> {
     member_offset(btf, "sock", &["__sk_common", "skc_family"])
+}
+
+/// Where `struct sock` keeps its peer: address (IPv4, IPv6) and port.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockPeerOffsets {
+    /// `__sk_common.skc_daddr`.
+    pub daddr: u32,
+    /// `__sk_common.skc_dport`.
+    pub dport: u32,
+    /// `__sk_common.skc_v6_daddr`.
+    pub v6_daddr: u32,
+}
+
+/// The offsets of a socket's peer address and port.
+pub fn sock_peer_offsets(btf: &Btf) -> anyhow::Result<SockPeerOffsets> {
+    Ok(SockPeerOffsets {
+        daddr: member_offset(btf, "sock", &["__sk_common", "skc_daddr"])?,
+        dport: member_offset(btf, "sock", &["__sk_common", "skc_dport"])?,
+        v6_daddr: member_offset(btf, "sock", &["__sk_common", "skc_v6_daddr"])?,
+    })
 }
 
 /// Byte offset of `sk` in `struct socket` (what the fexit socket programs receive).
@@ -33,6 +53,22 @@ pub fn task_offsets(btf: &Btf) -> anyhow::Result<TaskOffsets> {
         kernfs_node_id: member_offset(btf, "kernfs_node", &["id"])?,
         cgroup_root: member_offset(btf, "cgroup", &["root"])?,
         cgroup_root_hierarchy_id: member_offset(btf, "cgroup_root", &["hierarchy_id"])?,
+    })
+}
+
+/// Offsets the wait reasons read: task flags and files, the file table, a file's inode mode,
+/// and the system call registers.
+pub fn wait_offsets(btf: &Btf) -> anyhow::Result<WaitOffsets> {
+    Ok(WaitOffsets {
+        task_flags: member_offset(btf, "task_struct", &["flags"])?,
+        task_files: member_offset(btf, "task_struct", &["files"])?,
+        files_fdt: member_offset(btf, "files_struct", &["fdt"])?,
+        fdtable_max_fds: member_offset(btf, "fdtable", &["max_fds"])?,
+        fdtable_fd: member_offset(btf, "fdtable", &["fd"])?,
+        file_f_inode: member_offset(btf, "file", &["f_inode"])?,
+        inode_i_mode: member_offset(btf, "inode", &["i_mode"])?,
+        pt_regs_orig_ax: member_offset(btf, "pt_regs", &["orig_ax"])?,
+        pt_regs_di: member_offset(btf, "pt_regs", &["di"])?,
     })
 }
 

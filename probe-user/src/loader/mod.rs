@@ -21,11 +21,18 @@ use aya::{
     },
 };
 use probe_common::{
-    net::{SOCK_FAMILY_OFFSET_GLOBAL, SOCKET_SK_OFFSET_GLOBAL},
+    net::{
+        ENDPOINTS_ON_GLOBAL, ENDPOINTS_PER_WORKER_GLOBAL, SOCK_DADDR_OFFSET_GLOBAL,
+        SOCK_DPORT_OFFSET_GLOBAL, SOCK_FAMILY_OFFSET_GLOBAL, SOCK_V6_DADDR_OFFSET_GLOBAL,
+        SOCKET_SK_OFFSET_GLOBAL,
+    },
     task::{
         CGROUP_KN_OFFSET_GLOBAL, CGROUP_ROOT_HIERARCHY_ID_OFFSET_GLOBAL, CGROUP_ROOT_OFFSET_GLOBAL,
-        CGROUPS_OFFSET_GLOBAL, CSS_SET_DFL_CGRP_OFFSET_GLOBAL, KERNFS_NODE_ID_OFFSET_GLOBAL,
-        PID_OFFSET_GLOBAL, SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL,
+        CGROUPS_OFFSET_GLOBAL, CSS_SET_DFL_CGRP_OFFSET_GLOBAL, FDTABLE_FD_OFFSET_GLOBAL,
+        FDTABLE_MAX_FDS_OFFSET_GLOBAL, FILE_F_INODE_OFFSET_GLOBAL, FILES_FDT_OFFSET_GLOBAL,
+        FILES_OFFSET_GLOBAL, FLAGS_OFFSET_GLOBAL, INODE_I_MODE_OFFSET_GLOBAL,
+        KERNFS_NODE_ID_OFFSET_GLOBAL, PID_OFFSET_GLOBAL, PT_REGS_DI_OFFSET_GLOBAL,
+        PT_REGS_ORIG_AX_OFFSET_GLOBAL, SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL,
         SCHED_INFO_LAST_QUEUED_OFFSET_GLOBAL, SCHED_INFO_PCOUNT_OFFSET_GLOBAL,
         SCHED_INFO_RUN_DELAY_OFFSET_GLOBAL, SUM_EXEC_RUNTIME_OFFSET_GLOBAL,
     },
@@ -55,15 +62,18 @@ pub enum ProgramGroup {
     Floor,
     /// Workers made and removed (cgroup_mkdir, cgroup_rmdir): exit summaries.
     Lifecycle,
+    /// Bytes and network waits per remote endpoint, kept by the socket programs (with `Net`).
+    Endpoints,
 }
 
 impl ProgramGroup {
     /// Every group a user normally wants.
-    pub const DEFAULT: [ProgramGroup; 4] = [
+    pub const DEFAULT: [ProgramGroup; 5] = [
         ProgramGroup::Cpu,
         ProgramGroup::Delays,
         ProgramGroup::Net,
         ProgramGroup::Lifecycle,
+        ProgramGroup::Endpoints,
     ];
 
     /// The `--programs` name of the group.
@@ -74,6 +84,7 @@ impl ProgramGroup {
             ProgramGroup::Net => "net",
             ProgramGroup::Floor => "floor",
             ProgramGroup::Lifecycle => "workers",
+            ProgramGroup::Endpoints => "endpoints",
         }
     }
 
@@ -85,6 +96,7 @@ impl ProgramGroup {
             ProgramGroup::Net,
             ProgramGroup::Floor,
             ProgramGroup::Lifecycle,
+            ProgramGroup::Endpoints,
         ]
         .into_iter()
         .find(|group| group.name() == name)
@@ -110,6 +122,10 @@ pub struct LoadOptions {
     pub groups: Vec<ProgramGroup>,
     /// Force the socket variant (the plan then acts as if the kernel lacked the other).
     pub net_attach: Option<NetAttach>,
+    /// Endpoints kept per worker (the rest share its `other` entry).
+    pub endpoints_per_worker: u32,
+    /// Capacity of the endpoints map, every worker together.
+    pub max_endpoints: u32,
 }
 
 impl Default for LoadOptions {
@@ -118,6 +134,8 @@ impl Default for LoadOptions {
             max_workers: probe_common::DEFAULT_MAX_WORKERS,
             groups: ProgramGroup::DEFAULT.to_vec(),
             net_attach: None,
+            endpoints_per_worker: probe_common::net::DEFAULT_ENDPOINTS_PER_WORKER,
+            max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
         }
     }
 }
@@ -190,6 +208,7 @@ struct Loaded {
     btf: Btf,
     /// The kernel struct offsets handed to the programs.
     task: probe_common::task::TaskOffsets,
+    wait: probe_common::task::WaitOffsets,
     family_offset: u32,
     socket_sk_offset: u32,
     /// Which variant each group will use.
@@ -203,16 +222,20 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     if !Path::new(kernel_btf::VMLINUX_BTF).exists() {
         return Err(UserError::NoKernelBtf.into());
     }
-    let (family_offset, socket_sk_offset, task, features) = {
+    let (family_offset, socket_sk_offset, task, wait, sock, features) = {
         let btf =
             btf_rs::Btf::from_file(kernel_btf::VMLINUX_BTF).map_err(|_| UserError::NoKernelBtf)?;
         let task = kernel_btf::task_offsets(&btf).context("locating task_struct's fields")?;
+        let wait =
+            kernel_btf::wait_offsets(&btf).context("locating the fields wait reasons read")?;
         let features = KernelFeatures::probe(&btf, &plan::all_needs(), task.sched_info.is_some());
         (
             kernel_btf::sock_family_offset(&btf).context("locating struct sock's family field")?,
             // Only the fexit variant reads it; a kernel without it plans no such variant.
             kernel_btf::socket_sk_offset(&btf).unwrap_or(0),
             task,
+            wait,
+            kernel_btf::sock_peer_offsets(&btf).context("locating struct sock's peer fields")?,
             features,
         )
     };
@@ -231,12 +254,22 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     }
     let btf = Btf::from_sys_fs().map_err(|_| UserError::NoKernelBtf)?;
     let sched_info = task.sched_info.unwrap_or_default();
+    let endpoints_on = u32::from(plan.measured().endpoints);
 
     let ebpf = EbpfLoader::new()
         .btf(Some(&btf))
         // The task storage map: the kernel knows it, aya 0.14 does not.
         .allow_unsupported_maps()
         .override_global(SOCK_FAMILY_OFFSET_GLOBAL, &family_offset, true)
+        .override_global(ENDPOINTS_ON_GLOBAL, &endpoints_on, true)
+        .override_global(
+            ENDPOINTS_PER_WORKER_GLOBAL,
+            &options.endpoints_per_worker,
+            true,
+        )
+        .override_global(SOCK_DADDR_OFFSET_GLOBAL, &sock.daddr, true)
+        .override_global(SOCK_DPORT_OFFSET_GLOBAL, &sock.dport, true)
+        .override_global(SOCK_V6_DADDR_OFFSET_GLOBAL, &sock.v6_daddr, true)
         .override_global(SOCKET_SK_OFFSET_GLOBAL, &socket_sk_offset, true)
         .override_global(SUM_EXEC_RUNTIME_OFFSET_GLOBAL, &task.sum_exec_runtime, true)
         .override_global(PID_OFFSET_GLOBAL, &task.pid, true)
@@ -266,14 +299,26 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
             &task.cgroup_root_hierarchy_id,
             true,
         )
+        .override_global(FLAGS_OFFSET_GLOBAL, &wait.task_flags, true)
+        .override_global(FILES_OFFSET_GLOBAL, &wait.task_files, true)
+        .override_global(FILES_FDT_OFFSET_GLOBAL, &wait.files_fdt, true)
+        .override_global(FDTABLE_MAX_FDS_OFFSET_GLOBAL, &wait.fdtable_max_fds, true)
+        .override_global(FDTABLE_FD_OFFSET_GLOBAL, &wait.fdtable_fd, true)
+        .override_global(FILE_F_INODE_OFFSET_GLOBAL, &wait.file_f_inode, true)
+        .override_global(INODE_I_MODE_OFFSET_GLOBAL, &wait.inode_i_mode, true)
+        .override_global(PT_REGS_ORIG_AX_OFFSET_GLOBAL, &wait.pt_regs_orig_ax, true)
+        .override_global(PT_REGS_DI_OFFSET_GLOBAL, &wait.pt_regs_di, true)
         .map_max_entries(probe_common::cpu::CPU_STATS_MAP, options.max_workers)
         .map_max_entries(probe_common::net::NET_STATS_MAP, options.max_workers)
+        .map_max_entries(probe_common::net::ENDPOINTS_MAP, options.max_endpoints)
+        .map_max_entries(probe_common::net::ENDPOINT_COUNTS_MAP, options.max_workers)
         .load(EBPF_OBJECT)
         .map_err(|err| classify_load_error(err.into()))?;
     Ok(Loaded {
         ebpf,
         btf,
         task,
+        wait,
         family_offset,
         socket_sk_offset,
         plan,

@@ -31,7 +31,7 @@ use probe_common::{
     cpu::{CPU_STATS_MAP, LAST_SWITCH_MAP},
     drops::DROPS_MAP,
     lifecycle::EVENTS_MAP,
-    net::NET_STATS_MAP,
+    net::{ENDPOINT_COUNTS_MAP, ENDPOINTS_MAP, NET_STATS_MAP},
 };
 use serde::{Deserialize, Serialize};
 
@@ -44,14 +44,16 @@ use crate::error::UserError;
 /// The entry describing the set (a symlink whose target is the JSON).
 pub const META: &str = "meta";
 /// Version of the pin set's layout; a set of another version is refused.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// The maps the collector reads, pinned under their own names.
-pub const PINNED_MAPS: [&str; 5] = [
+pub const PINNED_MAPS: [&str; 7] = [
     CPU_STATS_MAP,
     NET_STATS_MAP,
     DROPS_MAP,
     LAST_SWITCH_MAP,
     EVENTS_MAP,
+    ENDPOINTS_MAP,
+    ENDPOINT_COUNTS_MAP,
 ];
 
 /// The pin of the link of `program`.
@@ -154,6 +156,15 @@ impl Meta {
             ("kernfs_node.id", task.kernfs_node_id),
             ("cgroup.root", task.cgroup_root),
             ("cgroup_root.hierarchy_id", task.cgroup_root_hierarchy_id),
+            ("task_struct.flags", loaded.wait.task_flags),
+            ("task_struct.files", loaded.wait.task_files),
+            ("files_struct.fdt", loaded.wait.files_fdt),
+            ("fdtable.max_fds", loaded.wait.fdtable_max_fds),
+            ("fdtable.fd", loaded.wait.fdtable_fd),
+            ("file.f_inode", loaded.wait.file_f_inode),
+            ("inode.i_mode", loaded.wait.inode_i_mode),
+            ("pt_regs.orig_ax", loaded.wait.pt_regs_orig_ax),
+            ("pt_regs.di", loaded.wait.pt_regs_di),
         ]
         .into_iter()
         .map(|(name, offset)| (name.to_string(), offset))
@@ -467,6 +478,7 @@ fn recorded_plan(meta: &Meta) -> Plan {
                     ..
                 }) => match variants.iter().find(|v| v.name == name) {
                     Some(variant) => GroupPlan::Runs(variant),
+                    None if name.ends_with("net") => GroupPlan::Within(ProgramGroup::Net),
                     None => GroupPlan::Within(ProgramGroup::Delays),
                 },
             };

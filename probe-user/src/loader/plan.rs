@@ -211,6 +211,8 @@ pub fn variants(group: ProgramGroup) -> &'static [Variant] {
         ProgramGroup::Delays => DELAYS,
         ProgramGroup::Net => NET,
         ProgramGroup::Lifecycle => LIFECYCLE,
+        // Kept by the socket programs: no programs of its own.
+        ProgramGroup::Endpoints => &[],
         ProgramGroup::Floor => FLOOR,
     }
 }
@@ -262,15 +264,20 @@ impl Plan {
         let choose = |group: ProgramGroup| choose(group, features, 0, Vec::new());
         let delays_run = asked.contains(&ProgramGroup::Delays)
             && matches!(choose(ProgramGroup::Delays), GroupPlan::Runs(_));
+        let net_runs = asked.contains(&ProgramGroup::Net)
+            && matches!(choose(ProgramGroup::Net), GroupPlan::Runs(_));
         let groups = asked
             .into_iter()
             .map(|group| {
                 // The delays programs' sched_switch does the CPU accounting too: one switch
                 // program at a time.
-                let plan = if group == ProgramGroup::Cpu && delays_run {
-                    GroupPlan::Within(ProgramGroup::Delays)
-                } else {
-                    choose(group)
+                let plan = match group {
+                    ProgramGroup::Cpu if delays_run => GroupPlan::Within(ProgramGroup::Delays),
+                    ProgramGroup::Endpoints if net_runs => GroupPlan::Within(ProgramGroup::Net),
+                    ProgramGroup::Endpoints => GroupPlan::Missing(vec![
+                        "socket bytes (--programs net), whose programs keep them".into(),
+                    ]),
+                    _ => choose(group),
                 };
                 (group, plan)
             })
@@ -317,6 +324,7 @@ impl Plan {
             delays: runs(ProgramGroup::Delays),
             net: runs(ProgramGroup::Net),
             lifecycle: runs(ProgramGroup::Lifecycle),
+            endpoints: runs(ProgramGroup::Endpoints) && runs(ProgramGroup::Net),
         }
     }
 
@@ -345,6 +353,17 @@ impl Plan {
                 }
             }
         }
+        // Endpoints ride on the socket programs: whatever these fall back to keeps them, but
+        // not their absence.
+        let net_runs = self
+            .groups
+            .iter()
+            .any(|(g, plan)| *g == ProgramGroup::Net && matches!(plan, GroupPlan::Runs(_)));
+        for (g, plan) in &mut self.groups {
+            if *g == ProgramGroup::Endpoints && !net_runs {
+                *plan = GroupPlan::Missing(vec!["socket bytes, whose programs keep them".into()]);
+            }
+        }
     }
 
     /// Whether any program is attached at all.
@@ -360,7 +379,7 @@ impl Plan {
                 GroupPlan::Missing(needs) => Some(format!(
                     "{} {} not measured on Linux {kernel_release}: it needs {}; the other measurements run",
                     group_description(*group),
-                    if matches!(group, ProgramGroup::Net | ProgramGroup::Delays) { "are" } else { "is" },
+                    if matches!(group, ProgramGroup::Net | ProgramGroup::Delays | ProgramGroup::Endpoints) { "are" } else { "is" },
                     needs.join(" or "),
                 )),
                 _ => None,
@@ -375,6 +394,7 @@ impl Plan {
             .map(|(group, plan)| {
                 let name = match plan {
                     GroupPlan::Runs(variant) => Some(variant.name),
+                    GroupPlan::Within(ProgramGroup::Net) => Some("within the socket programs"),
                     GroupPlan::Within(_) => Some("within delays' sched_switch"),
                     GroupPlan::Missing(_) => None,
                 };
@@ -418,6 +438,7 @@ fn group_description(group: ProgramGroup) -> &'static str {
         ProgramGroup::Delays => "run-queue, I/O and sleep times (--programs delays)",
         ProgramGroup::Net => "socket bytes (--programs net)",
         ProgramGroup::Lifecycle => "the end of each worker (--programs workers)",
+        ProgramGroup::Endpoints => "bytes and waits per remote endpoint (--programs endpoints)",
         ProgramGroup::Floor => "the empty benchmark program",
     }
 }

@@ -1,6 +1,7 @@
 //! The model: pure functions from raw cumulative samples to what each worker did over an
 //! interval. No kernel, no I/O, no async: every type here can be built in a unit test.
 
+pub mod endpoints;
 pub mod identity;
 pub mod registry;
 mod sample;

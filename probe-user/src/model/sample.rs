@@ -28,6 +28,8 @@ pub struct WorkerCounters {
     pub net: NetStats,
     /// The cgroup's `cpu.stat`, when it was read.
     pub cpu_stat: Option<CpuStatUsec>,
+    /// Its remote endpoints, summed over CPUs (with `--programs endpoints`).
+    pub endpoints: Vec<super::endpoints::EndpointDelta>,
 }
 
 /// Drop counters, summed over CPUs, in `probe_common::drops::DROP_NAMES` order.
@@ -49,6 +51,9 @@ pub struct Measured {
     pub net: bool,
     /// Workers made and removed (exit summaries as they happen).
     pub lifecycle: bool,
+    /// Bytes and network waits per remote endpoint. Absent in older recordings: not measured.
+    #[serde(default)]
+    pub endpoints: bool,
 }
 
 impl Default for Measured {
@@ -59,6 +64,7 @@ impl Default for Measured {
             delays: true,
             net: true,
             lifecycle: true,
+            endpoints: true,
         }
     }
 }

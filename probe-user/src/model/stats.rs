@@ -3,6 +3,7 @@
 use probe_common::{
     cpu::{RUNQ_BUCKETS, runq_bucket_upper_ns},
     net::{FAMILY_COUNT, FamilyCounters},
+    wait::{WAIT_NAMES, WAIT_REASONS},
 };
 
 use super::sample::{CpuStatUsec, Sample, WorkerCounters};
@@ -40,6 +41,8 @@ pub struct WorkerStats {
     pub total_sent_bytes: u64,
     /// Bytes received since load.
     pub total_received_bytes: u64,
+    /// Remote endpoints in the interval (those with any call), by kernel key.
+    pub endpoints: Vec<super::endpoints::EndpointDelta>,
 }
 
 impl WorkerStats {
@@ -120,9 +123,26 @@ pub struct Delays {
     pub wakeups: u64,
     /// Run-queue waits by length (`probe_common::cpu::runq_bucket`).
     pub runqueue_wait_hist: Vec<u64>,
+    /// Blocked-I/O plus sleep time by wait reason (`probe_common::wait::WAIT_NAMES` order);
+    /// sums to `blocked_io_ns + sleep_ns`.
+    pub wait_ns: [u64; WAIT_REASONS],
+    /// Sleeps by wait reason.
+    pub waits: [u64; WAIT_REASONS],
 }
 
 impl Delays {
+    /// Wait reasons by time, longest first, with their names; only those with time.
+    pub fn reasons_by_time(&self) -> Vec<(&'static str, u64)> {
+        let mut reasons: Vec<(&'static str, u64)> = WAIT_NAMES
+            .iter()
+            .copied()
+            .zip(self.wait_ns)
+            .filter(|(_, ns)| *ns > 0)
+            .collect();
+        reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        reasons
+    }
+
     /// Run-queue waits in the histogram.
     pub fn runqueue_waits(&self) -> u64 {
         self.runqueue_wait_hist.iter().sum()
@@ -283,6 +303,10 @@ fn worker_delta(
         delays.blocked_io_ns += counters.blocked_io_ns.saturating_sub(base.blocked_io_ns);
         delays.sleep_ns += counters.sleep_ns.saturating_sub(base.sleep_ns);
         delays.wakeups += counters.wakeups.saturating_sub(base.wakeups);
+        for reason in 0..WAIT_REASONS {
+            delays.wait_ns[reason] += counters.wait_ns[reason].saturating_sub(base.wait_ns[reason]);
+            delays.waits[reason] += counters.waits[reason].saturating_sub(base.waits[reason]);
+        }
         delays.runqueue_wait_hist.resize(RUNQ_BUCKETS, 0);
         for (sum, (now, then)) in delays.runqueue_wait_hist.iter_mut().zip(
             counters
@@ -301,6 +325,19 @@ fn worker_delta(
             received_bytes: family.received_bytes - base.received_bytes,
             received_calls: family.received_calls - base.received_calls,
         };
+    }
+    for endpoint in &now.endpoints {
+        let base = before
+            .and_then(|b| b.endpoints.iter().find(|e| e.key == endpoint.key))
+            .map(|e| e.stats)
+            .unwrap_or_default();
+        let delta = super::endpoints::sub_stats(&endpoint.stats, &base);
+        if delta.sent_calls + delta.received_calls > 0 {
+            stats.endpoints.push(super::endpoints::EndpointDelta {
+                key: endpoint.key,
+                stats: delta,
+            });
+        }
     }
     // A worker absent from `previous` did not exist then (cpu.stat is read for every cgroup),
     // so its whole cpu.stat falls in the interval.

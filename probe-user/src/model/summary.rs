@@ -6,8 +6,11 @@ use std::collections::BTreeMap;
 use probe_common::net::FAMILY_NAMES;
 use serde::Serialize;
 
+use probe_common::wait::WAIT_NAMES;
+
 use super::{
     Measured, MemorySource, WorkerCounters,
+    endpoints::{EndpointNamer, by_label},
     identity::WorkerKind,
     registry::WorkerRecord,
     stats::{WorkerStats, totals},
@@ -78,6 +81,8 @@ pub struct ExitSummary {
     pub time: Option<SummaryTime>,
     /// Socket payload; null when not measured.
     pub net: Option<SummaryNet>,
+    /// Per remote endpoint, busiest first; null when not measured.
+    pub endpoints: Option<Vec<SummaryEndpoint>>,
     /// Memory, when a source had it.
     pub memory: Option<SummaryMemory>,
     /// Context switches.
@@ -123,6 +128,38 @@ pub struct SummaryTime {
     pub runqueue_wait_p90_seconds: Option<f64>,
     /// 99th percentile.
     pub runqueue_wait_p99_seconds: Option<f64>,
+    /// Blocked-I/O plus sleep by what the threads waited on (network, disk, lock, timer,
+    /// child, pipe, poll, other); sums to blocked_io + sleep.
+    pub waits: BTreeMap<&'static str, SummaryWait>,
+}
+
+/// Time waited for one reason.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SummaryWait {
+    /// Thread-seconds.
+    pub seconds: f64,
+    /// Sleeps.
+    pub count: u64,
+}
+
+/// One remote endpoint (or endpoint group) over the worker's life.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SummaryEndpoint {
+    /// The group's name (`--endpoint`, `local`, `other`, `unconnected`), else `ip:port`.
+    pub endpoint: String,
+    /// Whether a group names it (false: a raw address).
+    pub named: bool,
+    /// Payload bytes sent to it.
+    pub sent_bytes: u64,
+    /// Payload bytes received from it.
+    pub received_bytes: u64,
+    /// Send calls.
+    pub sent_calls: u64,
+    /// Receive calls.
+    pub received_calls: u64,
+    /// Thread-seconds its sockets' calls slept before they returned (null without the
+    /// delays programs).
+    pub wait_seconds: Option<f64>,
 }
 
 /// Socket payload over the worker's life.
@@ -194,6 +231,7 @@ impl ExitSummary {
         end_monotonic_ns: u64,
         boot_offset_ns: i128,
         measured: Measured,
+        namer: &EndpointNamer,
         exec: Option<ExecOutcome>,
     ) -> Self {
         let wall_ns = end_monotonic_ns.saturating_sub(record.started_at_monotonic_ns);
@@ -247,6 +285,34 @@ impl ExitSummary {
                 runqueue_wait_p50_seconds: quantile(0.5),
                 runqueue_wait_p90_seconds: quantile(0.9),
                 runqueue_wait_p99_seconds: quantile(0.99),
+                waits: WAIT_NAMES
+                    .iter()
+                    .zip(delays.wait_ns.iter().zip(&delays.waits))
+                    .filter(|(_, (ns, count))| **ns > 0 || **count > 0)
+                    .map(|(name, (&ns, &count))| {
+                        (
+                            *name,
+                            SummaryWait {
+                                seconds: seconds(ns),
+                                count,
+                            },
+                        )
+                    })
+                    .collect(),
+            }),
+            endpoints: measured.endpoints.then(|| {
+                by_label(namer, &stats.endpoints)
+                    .into_iter()
+                    .map(|endpoint| SummaryEndpoint {
+                        named: endpoint.group.is_some(),
+                        endpoint: endpoint.label,
+                        sent_bytes: endpoint.stats.sent_bytes,
+                        received_bytes: endpoint.stats.received_bytes,
+                        sent_calls: endpoint.stats.sent_calls,
+                        received_calls: endpoint.stats.received_calls,
+                        wait_seconds: measured.delays.then(|| seconds(endpoint.stats.wait_ns)),
+                    })
+                    .collect()
             }),
             net: measured.net.then(|| SummaryNet {
                 sent_bytes: stats.sent_bytes(),
@@ -329,6 +395,7 @@ mod tests {
             3_000_000_000,
             0,
             Measured::default(),
+            &EndpointNamer::default(),
             None,
         );
         assert_eq!(summary.wall_seconds, 2.0);
@@ -359,6 +426,7 @@ mod tests {
             3_000_000_000,
             0,
             cpu_only,
+            &EndpointNamer::default(),
             None,
         ))
         .expect("json");

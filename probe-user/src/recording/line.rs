@@ -13,6 +13,7 @@ use probe_common::{
     cpu::{CpuStats, RUNQ_BUCKETS},
     drops::DROP_NAMES,
     net::{FAMILY_COUNT, FAMILY_NAMES, FamilyCounters},
+    wait::WAIT_NAMES,
 };
 use serde::{Deserialize, Serialize};
 
@@ -138,6 +139,10 @@ pub struct TickLine {
     pub time: TickTime,
     /// Socket payload in the interval.
     pub net: TickNet,
+    /// Per remote endpoint in the interval, busiest first (named as the recorder's
+    /// `--endpoint` rules named them); omitted when endpoints were not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<Vec<EndpointLine>>,
     /// Memory at the end of the interval; null when no source had it.
     pub memory: Option<MemoryReading>,
     /// Cumulative counters since the run began (raw, exact): replay's source of truth.
@@ -185,6 +190,38 @@ pub struct TickTime {
     /// empty buckets omitted.
     #[serde(default)]
     pub runqueue_wait_hist: Vec<u64>,
+    /// Blocked-I/O plus sleep by what the threads waited on (network, disk, lock, timer,
+    /// child, pipe, poll, other); reasons without sleeps omitted.
+    #[serde(default)]
+    pub waits: BTreeMap<String, WaitLine>,
+}
+
+/// Sleeps of one wait reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WaitLine {
+    /// Thread-seconds.
+    pub seconds: f64,
+    /// Sleeps.
+    pub count: u64,
+}
+
+/// One remote endpoint (or group) of a worker in one interval.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndpointLine {
+    /// The group's name (`--endpoint`, `local`, `other`, `unconnected`), else `ip:port`.
+    pub endpoint: String,
+    /// Whether a group names it.
+    pub named: bool,
+    /// Payload bytes sent to it.
+    pub sent_bytes: u64,
+    /// Payload bytes received from it.
+    pub received_bytes: u64,
+    /// Send calls.
+    pub sent_calls: u64,
+    /// Receive calls.
+    pub received_calls: u64,
+    /// Thread-seconds its sockets' calls slept; null without the delays programs.
+    pub wait_seconds: Option<f64>,
 }
 
 /// Socket payload of a worker in one interval.
@@ -239,6 +276,12 @@ pub struct Totals {
     /// Run-queue waits by length, as in [`TickTime::runqueue_wait_hist`].
     #[serde(default)]
     pub runqueue_wait_hist: Vec<u64>,
+    /// Blocked-I/O plus sleep ns by wait reason; reasons without sleeps omitted.
+    #[serde(default)]
+    pub wait_ns: BTreeMap<String, u64>,
+    /// Sleeps by wait reason.
+    #[serde(default)]
+    pub waits: BTreeMap<String, u64>,
     /// Bytes sent, all families.
     pub sent_bytes: u64,
     /// Bytes received, all families.
@@ -352,6 +395,7 @@ impl TickLine {
         counters: &WorkerCounters,
         path: Option<String>,
         memory: Option<MemoryReading>,
+        endpoints: Option<Vec<EndpointLine>>,
     ) -> Self {
         let identity = path.as_deref().map(identify);
         let delays = &stats.delays;
@@ -367,6 +411,12 @@ impl TickLine {
             totals.wakeups += cpu.wakeups;
             for (sum, add) in hist.iter_mut().zip(cpu.runqueue_wait_hist.iter()) {
                 *sum += add;
+            }
+            for (reason, name) in WAIT_NAMES.iter().enumerate() {
+                if cpu.waits[reason] > 0 || cpu.wait_ns[reason] > 0 {
+                    *totals.wait_ns.entry(name.to_string()).or_default() += cpu.wait_ns[reason];
+                    *totals.waits.entry(name.to_string()).or_default() += cpu.waits[reason];
+                }
             }
         }
         totals.on_cpu_ns = totals.on_cpu_ns_per_cpu.iter().sum();
@@ -407,6 +457,20 @@ impl TickLine {
                 wakeups: delays.wakeups,
                 runqueue_waits: delays.runqueue_waits(),
                 runqueue_wait_hist: trimmed(&delays.runqueue_wait_hist),
+                waits: WAIT_NAMES
+                    .iter()
+                    .enumerate()
+                    .filter(|(reason, _)| delays.waits[*reason] > 0 || delays.wait_ns[*reason] > 0)
+                    .map(|(reason, name)| {
+                        (
+                            name.to_string(),
+                            WaitLine {
+                                seconds: seconds(delays.wait_ns[reason]),
+                                count: delays.waits[reason],
+                            },
+                        )
+                    })
+                    .collect(),
             },
             net: TickNet {
                 sent_bytes: stats.sent_bytes(),
@@ -415,6 +479,7 @@ impl TickLine {
                 received_calls: stats.received_calls(),
                 families: families_of(&stats.net),
             },
+            endpoints,
             memory,
             totals,
             drops: drops_by_name(&context.drops),
@@ -451,6 +516,10 @@ impl TickLine {
             .zip(&totals.runqueue_wait_hist)
         {
             *slot = count;
+        }
+        for (reason, name) in WAIT_NAMES.iter().enumerate() {
+            first.wait_ns[reason] = totals.wait_ns.get(*name).copied().unwrap_or(0);
+            first.waits[reason] = totals.waits.get(*name).copied().unwrap_or(0);
         }
         let mut counters = WorkerCounters {
             path: self.path.clone(),
@@ -502,6 +571,12 @@ impl TickLine {
             .zip(&time.runqueue_wait_hist)
         {
             *slot = slot.saturating_sub(count);
+        }
+        for (reason, name) in WAIT_NAMES.iter().enumerate() {
+            if let Some(wait) = time.waits.get(*name) {
+                first.wait_ns[reason] = first.wait_ns[reason].saturating_sub(ns_of(wait.seconds));
+                first.waits[reason] = first.waits[reason].saturating_sub(wait.count);
+            }
         }
         for (name, delta) in &self.net.families {
             if let Some(slot) = family_slot(name) {
@@ -759,6 +834,7 @@ mod exit_tests {
             2_000_000_000,
             0,
             Measured::default(),
+            &crate::model::endpoints::EndpointNamer::default(),
             None,
         );
         let text = serde_json::to_string(&ExitOut {

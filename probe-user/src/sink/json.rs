@@ -2,12 +2,13 @@
 
 use std::collections::BTreeMap;
 
-use probe_common::{drops::DROP_NAMES, net::FAMILY_NAMES};
+use probe_common::{drops::DROP_NAMES, net::FAMILY_NAMES, wait::WAIT_NAMES};
 use serde::Serialize;
 
 use crate::{
     model::{
         Interval, Measured, WorkerStats,
+        endpoints::{EndpointNamer, by_label},
         identity::{WorkerKind, identify},
     },
     node::NodeFacts,
@@ -76,6 +77,8 @@ pub struct WorkerDocument {
     pub time: Option<TimeDocument>,
     /// Socket traffic; null when not measured.
     pub net: Option<NetDocument>,
+    /// Per remote endpoint, busiest first; null when not measured.
+    pub endpoints: Option<Vec<EndpointDocument>>,
 }
 
 /// CPU use of a worker in a window.
@@ -127,6 +130,39 @@ pub struct TimeDocument {
     pub runqueue_wait_p90_seconds: Option<f64>,
     /// 99th percentile run-queue wait.
     pub runqueue_wait_p99_seconds: Option<f64>,
+    /// Blocked-I/O plus sleep by what the threads waited on (reasons with time only):
+    /// seconds, sleeps and share of the window.
+    pub waits: BTreeMap<&'static str, WaitDocument>,
+}
+
+/// Time waited for one reason in a window.
+#[derive(Debug, Serialize)]
+pub struct WaitDocument {
+    /// Thread-seconds.
+    pub seconds: f64,
+    /// Sleeps that ended in the window.
+    pub count: u64,
+    /// seconds / window.
+    pub share: f64,
+}
+
+/// One remote endpoint (or group) of a worker in a window.
+#[derive(Debug, Serialize)]
+pub struct EndpointDocument {
+    /// The group's name (`--endpoint`, `local`, `other`, `unconnected`), else `ip:port`.
+    pub endpoint: String,
+    /// Whether a group names it.
+    pub named: bool,
+    /// Payload bytes sent to it.
+    pub sent_bytes: u64,
+    /// Payload bytes received from it.
+    pub received_bytes: u64,
+    /// Send calls.
+    pub sent_calls: u64,
+    /// Receive calls.
+    pub received_calls: u64,
+    /// Thread-seconds its sockets' calls slept; null without the delays programs.
+    pub wait_seconds: Option<f64>,
 }
 
 impl TimeDocument {
@@ -148,6 +184,21 @@ impl TimeDocument {
             runqueue_wait_p50_seconds: quantile(0.5),
             runqueue_wait_p90_seconds: quantile(0.9),
             runqueue_wait_p99_seconds: quantile(0.99),
+            waits: WAIT_NAMES
+                .iter()
+                .zip(delays.wait_ns.iter().zip(&delays.waits))
+                .filter(|(_, (ns, count))| **ns > 0 || **count > 0)
+                .map(|(name, (&ns, &count))| {
+                    (
+                        *name,
+                        WaitDocument {
+                            seconds: seconds(ns),
+                            count,
+                            share: worker.share_of_interval(ns),
+                        },
+                    )
+                })
+                .collect(),
         }
     }
 }
@@ -190,7 +241,7 @@ fn seconds(ns: u64) -> f64 {
 
 impl WorkerDocument {
     /// The document of one worker's stats, with null for what `measured` lacks.
-    pub fn from_stats(worker: &WorkerStats, measured: Measured) -> Self {
+    pub fn from_stats(worker: &WorkerStats, measured: Measured, namer: &EndpointNamer) -> Self {
         let families = worker
             .net
             .iter()
@@ -238,13 +289,36 @@ impl WorkerDocument {
                 received_bytes_per_second: worker.received_bytes_per_second(),
                 families,
             }),
+            endpoints: measured
+                .endpoints
+                .then(|| endpoint_documents(worker, measured, namer)),
         }
     }
 }
 
+/// A worker's endpoints in a window, by label, busiest first.
+pub fn endpoint_documents(
+    worker: &WorkerStats,
+    measured: Measured,
+    namer: &EndpointNamer,
+) -> Vec<EndpointDocument> {
+    by_label(namer, &worker.endpoints)
+        .into_iter()
+        .map(|endpoint| EndpointDocument {
+            named: endpoint.group.is_some(),
+            endpoint: endpoint.label,
+            sent_bytes: endpoint.stats.sent_bytes,
+            received_bytes: endpoint.stats.received_bytes,
+            sent_calls: endpoint.stats.sent_calls,
+            received_calls: endpoint.stats.received_calls,
+            wait_seconds: measured.delays.then(|| seconds(endpoint.stats.wait_ns)),
+        })
+        .collect()
+}
+
 impl SnapshotDocument {
     /// The document of one interval: active workers, busiest first.
-    pub fn new(interval: &Interval, node: NodeFacts) -> Self {
+    pub fn new(interval: &Interval, node: NodeFacts, namer: &EndpointNamer) -> Self {
         let mut active: Vec<&WorkerStats> = interval.active_workers().collect();
         active.sort_by(|a, b| {
             b.cpu_ns()
@@ -284,7 +358,7 @@ impl SnapshotDocument {
             measured: interval.measured,
             workers: active
                 .into_iter()
-                .map(|worker| WorkerDocument::from_stats(worker, interval.measured))
+                .map(|worker| WorkerDocument::from_stats(worker, interval.measured, namer))
                 .collect(),
             drops,
         }

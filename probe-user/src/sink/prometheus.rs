@@ -17,6 +17,7 @@ use std::{borrow::Cow, fmt, sync::Arc};
 use probe_common::{
     cpu::{RUNQ_BUCKETS, runq_bucket_upper_ns},
     net::FAMILY_NAMES,
+    wait::WAIT_NAMES,
 };
 use prometheus_client::{
     collector::Collector,
@@ -28,7 +29,11 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::model::{Measured, WorkerCounters, identity::Identity};
+use crate::model::{
+    Measured, WorkerCounters,
+    endpoints::{EndpointNamer, add_stats},
+    identity::Identity,
+};
 
 /// Identity ids that become labels of `workerprobe_worker_info`: few, and each names the
 /// worker in another system (a container runtime, Kubernetes, systemd) to join on.
@@ -91,6 +96,18 @@ pub struct Exposition {
     pub drops: Vec<(String, u64)>,
     /// The agent's own cost.
     pub agent: AgentCost,
+    /// How endpoint series are labelled.
+    pub endpoint_labels: EndpointLabels,
+}
+
+/// How endpoint series are labelled: by the `--endpoint` groups, with peers no rule names
+/// summed as `unnamed` (or, when asked, each by its address).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EndpointLabels {
+    /// The rules.
+    pub namer: EndpointNamer,
+    /// Label unnamed peers by `ip:port` instead of `unnamed`.
+    pub raw_addresses: bool,
 }
 
 /// The two text formats a scraper can get.
@@ -299,6 +316,77 @@ fn encode_exposition(e: &Exposition, encoder: &mut DescriptorEncoder) -> fmt::Re
             "workerprobe_blocked_seconds",
             "Time the worker's threads were off CPU and not runnable: io (uninterruptible, D state) or sleep (S state).",
             blocked,
+        )?;
+        let mut waits = Vec::new();
+        for w in workers {
+            for (reason, name) in WAIT_NAMES.iter().enumerate() {
+                let ns: u64 = w
+                    .counters
+                    .cpu_per_cpu
+                    .iter()
+                    .map(|c| c.wait_ns[reason])
+                    .sum();
+                if ns == 0 {
+                    continue;
+                }
+                let mut labels = worker(w);
+                labels.push(("reason", Cow::Borrowed(*name)));
+                waits.push((labels, seconds(ns)));
+            }
+        }
+        counter_family(
+            encoder,
+            "workerprobe_wait_seconds",
+            "Blocked and sleep time of the worker's threads by what they waited on: network, disk, lock, timer, child, pipe, poll, other.",
+            waits,
+        )?;
+    }
+
+    if e.measured.endpoints {
+        let mut bytes = Vec::new();
+        let mut waits = Vec::new();
+        for w in workers {
+            let mut by_label: Vec<(String, probe_common::net::EndpointStats)> = Vec::new();
+            for endpoint in &w.counters.endpoints {
+                let name = e.endpoint_labels.namer.name(&endpoint.key);
+                let label = match (&name.group, e.endpoint_labels.raw_addresses) {
+                    (Some(group), _) => group.clone(),
+                    (None, true) => name.address.clone(),
+                    (None, false) => "unnamed".to_owned(),
+                };
+                match by_label.iter_mut().find(|(l, _)| *l == label) {
+                    Some((_, sum)) => add_stats(sum, &endpoint.stats),
+                    None => by_label.push((label, endpoint.stats)),
+                }
+            }
+            for (label, stats) in by_label {
+                for (direction, count) in [
+                    ("sent", stats.sent_bytes),
+                    ("received", stats.received_bytes),
+                ] {
+                    let mut labels = worker(w);
+                    labels.push(("endpoint", Cow::Owned(label.clone())));
+                    labels.push(("direction", Cow::Borrowed(direction)));
+                    bytes.push((labels, count));
+                }
+                if e.measured.delays {
+                    let mut labels = worker(w);
+                    labels.push(("endpoint", Cow::Owned(label)));
+                    waits.push((labels, seconds(stats.wait_ns)));
+                }
+            }
+        }
+        counter_family(
+            encoder,
+            "workerprobe_endpoint_bytes",
+            "Socket payload bytes per remote endpoint group (--endpoint rules; local, other, unconnected, unnamed).",
+            bytes,
+        )?;
+        counter_family(
+            encoder,
+            "workerprobe_endpoint_wait_seconds",
+            "Time the worker's socket calls slept before returning, per remote endpoint group.",
+            waits,
         )?;
     }
 

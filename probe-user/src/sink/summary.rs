@@ -29,6 +29,21 @@ pub fn human_line(summary: &ExitSummary) -> String {
                 share(time.blocked_io_seconds),
                 share(time.sleep_seconds),
             );
+            let mut reasons: Vec<(&str, f64)> = time
+                .waits
+                .iter()
+                .map(|(name, wait)| (*name, wait.seconds))
+                .collect();
+            reasons.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let top: Vec<String> = reasons
+                .iter()
+                .filter(|(_, seconds)| *seconds > 0.0)
+                .take(2)
+                .map(|(name, seconds)| format!("{name} {}%", share(*seconds)))
+                .collect();
+            if !top.is_empty() {
+                let _ = write!(line, " waits {}", top.join(" "));
+            }
         }
         None => line.push_str(" on-cpu/runq/io/sleep n/a"),
     }
@@ -90,14 +105,7 @@ pub fn report(summary: &ExitSummary) -> String {
     let _ = writeln!(out, "  per cpu    {}", per_cpu.join("  "));
     match &summary.time {
         Some(time) => {
-            let _ = writeln!(
-                out,
-                "  time       on-cpu {:.0}% · run-queue {:.0}% · blocked i/o {:.0}% · sleep {:.0}%",
-                percent(time.on_cpu_seconds),
-                percent(time.runqueue_wait_seconds),
-                percent(time.blocked_io_seconds),
-                percent(time.sleep_seconds)
-            );
+            let _ = writeln!(out, "  time       {}", time_line(summary, time, wall));
             if let (Some(p50), Some(p99)) = (
                 time.runqueue_wait_p50_seconds,
                 time.runqueue_wait_p99_seconds,
@@ -129,6 +137,23 @@ pub fn report(summary: &ExitSummary) -> String {
             let _ = writeln!(out, "  network    not measured");
         }
     }
+    if let Some(endpoints) = &summary.endpoints {
+        for endpoint in endpoints.iter().take(5) {
+            let waited = endpoint
+                .wait_seconds
+                .map_or(String::new(), |seconds| format!(" · waited {seconds:.3}s"));
+            let _ = writeln!(
+                out,
+                "  endpoint   {} sent {} · received {}{waited}",
+                endpoint.endpoint,
+                bytes(endpoint.sent_bytes),
+                bytes(endpoint.received_bytes)
+            );
+        }
+        if endpoints.len() > 5 {
+            let _ = writeln!(out, "  endpoint   … {} more", endpoints.len() - 5);
+        }
+    }
     match (&summary.memory, summary.lithops.worker_peak_memory) {
         (Some(memory), _) => {
             let _ = writeln!(
@@ -152,6 +177,52 @@ pub fn report(summary: &ExitSummary) -> String {
         summary.context_switches.voluntary, summary.context_switches.involuntary
     );
     out
+}
+
+/// Where the time went, leading with the answer: on-CPU, then each wait reason, longest
+/// first (network with its endpoints), then run-queue, in % of the wall time.
+fn time_line(
+    summary: &ExitSummary,
+    time: &crate::model::summary::SummaryTime,
+    wall: f64,
+) -> String {
+    let percent = |seconds: f64| format!("{:.0}%", seconds / wall * 100.0);
+    let mut parts = vec![format!("on-cpu {}", percent(time.on_cpu_seconds))];
+    let mut reasons: Vec<(&str, f64)> = time
+        .waits
+        .iter()
+        .map(|(name, wait)| (*name, wait.seconds))
+        .filter(|(_, seconds)| *seconds > 0.0)
+        .collect();
+    reasons.sort_by(|a, b| b.1.total_cmp(&a.1));
+    for (index, (name, seconds)) in reasons.iter().enumerate() {
+        let mut part = if index == 0 {
+            format!("waiting on {name} {}", percent(*seconds))
+        } else {
+            format!("{name} {}", percent(*seconds))
+        };
+        if *name == "network"
+            && let Some(endpoints) = &summary.endpoints
+        {
+            let mut waited: Vec<(&str, f64)> = endpoints
+                .iter()
+                .filter_map(|e| Some((e.endpoint.as_str(), e.wait_seconds?)))
+                .filter(|(_, seconds)| *seconds > 0.0)
+                .collect();
+            waited.sort_by(|a, b| b.1.total_cmp(&a.1));
+            if !waited.is_empty() {
+                let shown: Vec<String> = waited
+                    .iter()
+                    .take(3)
+                    .map(|(endpoint, seconds)| format!("{endpoint} {}", percent(*seconds)))
+                    .collect();
+                let _ = write!(part, " ({})", shown.join(", "));
+            }
+        }
+        parts.push(part);
+    }
+    parts.push(format!("run-queue {}", percent(time.runqueue_wait_seconds)));
+    parts.join(" · ")
 }
 
 /// A short duration in µs or ms.

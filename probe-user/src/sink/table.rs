@@ -26,11 +26,12 @@ pub fn render(interval: &Interval, limit: usize) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<PATH_WIDTH$} {:>6}  {:<16} {:<19} {:>10} {:>10} {:>9} {:>9} {:>9}",
+        "{:<PATH_WIDTH$} {:>6}  {:<16} {:<19} {:<20} {:>10} {:>10} {:>9} {:>9} {:>9}",
         "WORKER",
         "CORES",
         "PER-CPU",
         "CPU/RUNQ/IO/SLEEP %",
+        "WAITING ON",
         "SEND/s",
         "RECV/s",
         "CPU-TOTAL",
@@ -49,11 +50,16 @@ pub fn render(interval: &Interval, limit: usize) -> String {
     for worker in active.iter().take(limit) {
         let _ = writeln!(
             out,
-            "{:<PATH_WIDTH$} {:>6.2}  {:<16} {:<19} {:>10} {:>10} {:>9} {:>9} {:>9}",
+            "{:<PATH_WIDTH$} {:>6.2}  {:<16} {:<19} {:<20} {:>10} {:>10} {:>9} {:>9} {:>9}",
             shorten(&worker_label(worker), PATH_WIDTH),
             worker.cpu_cores(),
             per_cpu(worker),
             breakdown(worker, measured.delays),
+            if measured.delays {
+                top_reasons(worker)
+            } else {
+                NOT_MEASURED.into()
+            },
             net(format!(
                 "{}/s",
                 bytes(worker.sent_bytes_per_second() as u64)
@@ -109,6 +115,20 @@ fn breakdown(worker: &WorkerStats, delays_measured: bool) -> String {
         percent(delays.blocked_io_ns),
         percent(delays.sleep_ns)
     )
+}
+
+/// The two longest wait reasons and their share of the interval, e.g. `network 71% lock 3%`.
+pub fn top_reasons(worker: &WorkerStats) -> String {
+    let reasons = worker.delays.reasons_by_time();
+    if reasons.is_empty() {
+        return "-".into();
+    }
+    reasons
+        .iter()
+        .take(2)
+        .map(|(name, ns)| format!("{name} {:.0}%", worker.share_of_interval(*ns) * 100.0))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Keeps the end of a long path, where the worker's own name is.

@@ -119,6 +119,8 @@ pub struct TopView {
     pub limit: usize,
     /// CPUs of the node, shown in the header.
     pub node_cpus: usize,
+    /// Names endpoints in the detail panel (`--endpoint`).
+    pub endpoint_namer: crate::model::endpoints::EndpointNamer,
 }
 
 /// What the loop should do after a key.
@@ -142,6 +144,7 @@ impl TopView {
             paused: false,
             limit,
             node_cpus,
+            endpoint_namer: crate::model::endpoints::EndpointNamer::default(),
         }
     }
 
@@ -288,7 +291,7 @@ pub fn render(frame: &mut Frame, interval: &Interval, view: &TopView) {
         header,
     );
     render_table(frame, table, &rows, view, interval.measured);
-    render_detail(frame, detail, selected, interval.measured);
+    render_detail(frame, detail, selected, interval.measured, &view.endpoint_namer);
     frame.render_widget(
         Paragraph::new(Line::from(key_help(view)).reversed()),
         footer,
@@ -439,7 +442,7 @@ const DELAYS_WIDTH: u16 = 43;
 /// Width of the per-family bytes column of the detail panel.
 const NET_WIDTH: u16 = 46;
 /// Lines the delays and bytes columns need.
-const FIXED_DETAIL_LINES: u16 = 6;
+const FIXED_DETAIL_LINES: u16 = 9;
 
 /// Height of the detail panel: enough for every CPU of the selected worker, borders included.
 fn detail_height(selected: Option<&WorkerStats>, screen_width: u16) -> u16 {
@@ -457,6 +460,7 @@ fn render_detail(
     area: Rect,
     selected: Option<&WorkerStats>,
     measured: Measured,
+    namer: &crate::model::endpoints::EndpointNamer,
 ) {
     let Some(worker) = selected else {
         let block = Block::default().borders(Borders::ALL).title(" detail ");
@@ -490,7 +494,7 @@ fn render_detail(
     );
     frame.render_widget(
         Paragraph::new(if measured.net {
-            net_lines(worker)
+            net_lines(worker, namer)
         } else {
             not_measured("socket bytes")
         }),
@@ -557,11 +561,15 @@ fn delay_lines(worker: &WorkerStats) -> Vec<Line<'static>> {
             quantile(0.9),
             quantile(0.99)
         )),
+        Line::from(format!("waiting on {}", super::table::top_reasons(worker))),
     ]
 }
 
 /// Bytes and calls per socket family over the interval.
-fn net_lines(worker: &WorkerStats) -> Vec<Line<'static>> {
+fn net_lines(
+    worker: &WorkerStats,
+    namer: &crate::model::endpoints::EndpointNamer,
+) -> Vec<Line<'static>> {
     let mut lines = vec![
         Line::from(format!(
             "{:<6}{:>11}{:>11}{:>9}{:>9}",
@@ -591,6 +599,19 @@ fn net_lines(worker: &WorkerStats) -> Vec<Line<'static>> {
         "switches: {} voluntary, {} involuntary",
         worker.voluntary_switches, worker.involuntary_switches
     )));
+    // The busiest peers.
+    for endpoint in crate::model::endpoints::by_label(namer, &worker.endpoints)
+        .iter()
+        .take(2)
+    {
+        lines.push(Line::from(format!(
+            "{:<22} {:>9} {:>9} waited {}",
+            endpoint.label,
+            rate(endpoint.stats.sent_bytes),
+            rate(endpoint.stats.received_bytes),
+            duration(endpoint.stats.wait_ns)
+        )));
+    }
     lines
 }
 

@@ -21,6 +21,16 @@
 //!   CPU; prints the
 //!   kernel's own run-queue delay of the spinning threads (`/proc/thread-self/schedstat`).
 //! - `fsync DIR COUNT`: COUNT times write 4 KiB to a file in DIR and fsync it (D state).
+//! - `reasons SCRATCH PEER`: after start-up (`ready`, then SIGUSR1, as `nap … wait`), one
+//!   thread waits in turn on a timer (0.5 s nanosleep), the network (recv from PEER, which
+//!   answers when it likes), a lock (held 0.4 s by a spinning thread), a child (spinning
+//!   0.3 s), an empty pipe (written after 0.3 s by a spinning thread) and fsync in SCRATCH;
+//!   the helpers never sleep. Prints what each wait took by its own clock:
+//!   `{"timer_ns","network_ns","lock_ns","child_ns","pipe_ns","disk_ns"}`.
+//! - `fetch STORE REQUESTS BYTES PEER UPLOAD`: REQUESTS times asks STORE for BYTES (`GET n`
+//!   line, one connection each), then sends UPLOAD bytes to PEER and reads its `ok`. Prints
+//!   the bytes it sent to and received from each.
+//! - `fanout ADDR… BYTES`: sends BYTES to each ADDR and reads its `ok`; prints the totals.
 //! - `life MS`: one thread: spin MS of CPU time, nap 5 × MS/5, fsync 10 times in $WP_SCRATCH
 //!   (default /var/tmp).
 
@@ -51,6 +61,9 @@ fn main() {
             }
             fsync(&scratch_dir(), 10);
         }
+        "reasons" => reasons(arg(1), arg(2)),
+        "fetch" => fetch(arg(1), num(arg(2)), num(arg(3)), arg(4), num(arg(5))),
+        "fanout" => fanout(&args[1..args.len() - 1], num(&args[args.len() - 1])),
         "nap" => {
             if args.get(3).map(String::as_str) == Some("wait") {
                 wait_for_go();
@@ -76,6 +89,133 @@ fn usage() -> ! {
 
 fn num(text: &str) -> u64 {
     text.parse().unwrap_or_else(|_| usage())
+}
+
+/// Spins on the CPU, never sleeping, for `duration` of wall time (a helper that must not add
+/// sleeps of its own to the worker's).
+fn spin_wall(duration: Duration) {
+    let until = std::time::Instant::now() + duration;
+    while std::time::Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+fn reasons(scratch: &str, peer: &str) {
+    let mut peer = TcpStream::connect(peer).expect("connect to the peer");
+    wait_for_go();
+    let timed = |work: &mut dyn FnMut()| {
+        let at = std::time::Instant::now();
+        work();
+        at.elapsed().as_nanos() as u64
+    };
+    let timer_ns = timed(&mut || std::thread::sleep(Duration::from_millis(500)));
+    // The peer answers after half a second.
+    peer.write_all(b"ping\n").expect("send");
+    let mut answer = [0u8; 1];
+    let network_ns = timed(&mut || peer.read_exact(&mut answer).expect("recv"));
+    let lock = std::sync::Arc::new(std::sync::Mutex::new(()));
+    let held = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (lock, held) = (lock.clone(), held.clone());
+        std::thread::spawn(move || {
+            let _guard = lock.lock().expect("lock");
+            held.store(true, std::sync::atomic::Ordering::SeqCst);
+            spin_wall(Duration::from_millis(400));
+        });
+    }
+    while !held.load(std::sync::atomic::Ordering::SeqCst) {
+        std::hint::spin_loop();
+    }
+    let lock_ns = timed(&mut || drop(lock.lock().expect("lock")));
+    // SAFETY: the child only spins and exits; no locks are taken after fork.
+    let child_ns = timed(&mut || unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            let until = std::time::Instant::now() + Duration::from_millis(300);
+            while std::time::Instant::now() < until {}
+            libc::_exit(0);
+        }
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+    });
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) into a two-int array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+    let (read_fd, write_fd) = (fds[0], fds[1]);
+    std::thread::spawn(move || {
+        spin_wall(Duration::from_millis(300));
+        // SAFETY: one byte to our pipe.
+        unsafe { libc::write(write_fd, b"x".as_ptr().cast(), 1) };
+    });
+    let pipe_ns = timed(&mut || {
+        let mut byte = [0u8; 1];
+        // SAFETY: one byte into a valid buffer.
+        unsafe { libc::read(read_fd, byte.as_mut_ptr().cast(), 1) };
+    });
+    let path = std::path::Path::new(scratch).join(format!("wp-reasons-{}", std::process::id()));
+    let mut file = std::fs::File::create(&path).expect("create");
+    let block = vec![1u8; 4096];
+    let disk_ns = timed(&mut || {
+        for _ in 0..50 {
+            file.write_all(&block).expect("write");
+            file.sync_all().expect("fsync");
+        }
+    });
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+    println!(
+        r#"{{"timer_ns":{timer_ns},"network_ns":{network_ns},"lock_ns":{lock_ns},"child_ns":{child_ns},"pipe_ns":{pipe_ns},"disk_ns":{disk_ns}}}"#
+    );
+}
+
+/// Reads a connection to its end; how many bytes.
+fn read_to_end(stream: &mut TcpStream) -> u64 {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut total = 0;
+    loop {
+        let n = stream.read(&mut buf).expect("read");
+        if n == 0 {
+            return total;
+        }
+        total += n as u64;
+    }
+}
+
+fn fetch(store: &str, requests: u64, bytes: u64, peer: &str, upload: u64) {
+    let (mut store_sent, mut store_received) = (0u64, 0u64);
+    for _ in 0..requests {
+        let mut stream = TcpStream::connect(store).expect("connect to the store");
+        let request = format!("GET {bytes}\n");
+        stream.write_all(request.as_bytes()).expect("request");
+        store_sent += request.len() as u64;
+        store_received += read_to_end(&mut stream);
+    }
+    let mut stream = TcpStream::connect(peer).expect("connect to the peer");
+    let payload = vec![3u8; 1 << 16];
+    let mut peer_sent = 0u64;
+    while peer_sent < upload {
+        let n = (upload - peer_sent).min(payload.len() as u64) as usize;
+        stream.write_all(&payload[..n]).expect("upload");
+        peer_sent += n as u64;
+    }
+    stream.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    let peer_received = read_to_end(&mut stream);
+    println!(
+        r#"{{"store_sent":{store_sent},"store_received":{store_received},"peer_sent":{peer_sent},"peer_received":{peer_received}}}"#
+    );
+}
+
+fn fanout(addrs: &[String], bytes: u64) {
+    let (mut sent, mut received) = (0u64, 0u64);
+    let payload = vec![5u8; bytes as usize];
+    for addr in addrs {
+        let mut stream = TcpStream::connect(addr.as_str()).expect("connect");
+        stream.write_all(&payload).expect("send");
+        sent += bytes;
+        stream.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        received += read_to_end(&mut stream);
+    }
+    println!(r#"{{"sent_bytes":{sent},"received_bytes":{received},"peers":{}}}"#, addrs.len());
 }
 
 /// Set by the SIGUSR1 handler.

@@ -30,6 +30,24 @@ pub struct Choice {
     pub to: Option<At>,
 }
 
+/// A tick's wait shares by reason (see [`TickPoint::wait_shares`]).
+fn wait_shares(
+    time: &crate::recording::line::TickTime,
+    share: &dyn Fn(f64) -> f64,
+) -> [f64; probe_common::wait::WAIT_REASONS] {
+    use probe_common::wait::{WAIT_DISK, WAIT_NAMES, WAIT_OTHER};
+    let mut shares = [0.0; probe_common::wait::WAIT_REASONS];
+    if time.waits.is_empty() {
+        shares[WAIT_DISK as usize] = share(time.blocked_io_seconds);
+        shares[WAIT_OTHER as usize] = share(time.sleep_seconds);
+        return shares;
+    }
+    for (slot, name) in WAIT_NAMES.iter().enumerate() {
+        shares[slot] = time.waits.get(*name).map_or(0.0, |wait| share(wait.seconds));
+    }
+    shares
+}
+
 /// A recording ready to draw.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Picture {
@@ -104,6 +122,10 @@ pub struct TickPoint {
     pub blocked_io_share: f64,
     /// Share asleep (S state).
     pub sleep_share: f64,
+    /// Blocked plus asleep, by wait reason (`probe_common::wait::WAIT_NAMES` order); sums to
+    /// `blocked_io_share + sleep_share`. A recording without reasons has blocked time under
+    /// disk and sleep under other.
+    pub wait_shares: [f64; probe_common::wait::WAIT_REASONS],
     /// Socket payload sent, bytes per second.
     pub send_bytes_per_second: f64,
     /// Socket payload received, bytes per second.
@@ -315,6 +337,7 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
                 runqueue_wait_share: share(time.runqueue_wait_seconds),
                 blocked_io_share: share(time.blocked_io_seconds),
                 sleep_share: share(time.sleep_seconds),
+                wait_shares: wait_shares(time, &share),
                 send_bytes_per_second: line.net.sent_bytes as f64 / interval_seconds,
                 receive_bytes_per_second: line.net.received_bytes as f64 / interval_seconds,
                 memory_bytes: line.memory.map(|memory| memory.current_bytes),
@@ -416,6 +439,7 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
                     delays: all.delays && run.delays,
                     net: all.net && run.net,
                     lifecycle: all.lifecycle && run.lifecycle,
+                    endpoints: all.endpoints && run.endpoints,
                 }
             },
         ),

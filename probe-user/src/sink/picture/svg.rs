@@ -66,11 +66,17 @@ const PALETTE: [RGBColor; 12] = [
 ];
 
 /// The time breakdown's layers: name and color, bottom to top.
-const BREAKDOWN: [(&str, RGBColor); 4] = [
+const BREAKDOWN: [(&str, RGBColor); 10] = [
     ("on CPU", RGBColor(0x59, 0xa1, 0x4f)),
-    ("run-queue wait", RGBColor(0xe1, 0x57, 0x59)),
-    ("blocked on I/O", RGBColor(0xf2, 0x8e, 0x2b)),
-    ("sleep", RGBColor(0xba, 0xb0, 0xac)),
+    ("run-queue", RGBColor(0xe1, 0x57, 0x59)),
+    ("network", RGBColor(0x4e, 0x79, 0xa7)),
+    ("disk", RGBColor(0xf2, 0x8e, 0x2b)),
+    ("lock", RGBColor(0xb0, 0x7a, 0xa1)),
+    ("timer", RGBColor(0x76, 0xb7, 0xb2)),
+    ("child", RGBColor(0xed, 0xc9, 0x48)),
+    ("pipe", RGBColor(0xff, 0x9d, 0xa7)),
+    ("poll", RGBColor(0x9c, 0x75, 0x5f)),
+    ("other", RGBColor(0xba, 0xb0, 0xac)),
 ];
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
@@ -529,11 +535,11 @@ fn draw_breakdown(
         return Ok(());
     }
     legend.draw_text(
-        "Where each worker's thread time went, % of its thread time per tick:",
+        "Where each worker's thread time went (off CPU: what it waited on), % per tick:",
         &(FONT, 16).into_font().color(&BLACK),
         (12, 12),
     )?;
-    let mut x = 560;
+    let mut x = 640;
     for (name, color) in BREAKDOWN {
         legend.draw(&Rectangle::new([(x, 12), (x + 16, 28)], color.filled()))?;
         legend.draw_text(name, &text_style(13), (x + 22, 13))?;
@@ -566,14 +572,15 @@ fn draw_breakdown(
         )?;
         // Each layer is drawn from 0 up to its cumulative top, top layer first, so the
         // next one down paints over its lower part: a stack without a stacked series type.
-        let tops: [fn(&TickPoint) -> f64; 4] = [
-            |p| p.on_cpu_share,
-            |p| p.on_cpu_share + p.runqueue_wait_share,
-            |p| p.on_cpu_share + p.runqueue_wait_share + p.blocked_io_share,
-            |p| p.on_cpu_share + p.runqueue_wait_share + p.blocked_io_share + p.sleep_share,
-        ];
-        for (top, (_, color)) in tops.iter().zip(BREAKDOWN).rev() {
-            let line = steps(&worker.points, |point| top(point) * 100.0);
+        let layer = |p: &TickPoint, index: usize| match index {
+            0 => p.on_cpu_share,
+            1 => p.runqueue_wait_share,
+            reason => p.wait_shares[reason - 2],
+        };
+        for (index, (_, color)) in BREAKDOWN.iter().enumerate().rev() {
+            let line = steps(&worker.points, |point| {
+                (0..=index).map(|i| layer(point, i)).sum::<f64>() * 100.0
+            });
             chart.draw_series(AreaSeries::new(line, 0.0, color.filled()))?;
         }
         markers.end(cell)?;

@@ -1,0 +1,250 @@
+//! Where the waiting went: each sleep's reason against what the workload itself timed, and
+//! bytes and waits per remote endpoint against what the client counted.
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    process::Command,
+    time::Duration,
+};
+
+use probe_common::wait::WAIT_NAMES;
+use workerprobe::{collect::Source as _, model};
+use workerprobe_tests::{
+    TestCgroup, collector, field, read_first_json_line, require_root, scratch_dir, temp_path,
+    wait_json, workerprobe_path, workload_path,
+};
+
+/// Within 5% or 10 ms of what the workload timed.
+fn close_to(ours_ns: u64, timed_ns: u64) -> bool {
+    let tolerance = (timed_ns as f64 * 0.05).max(10e6);
+    (ours_ns as f64 - timed_ns as f64).abs() <= tolerance
+}
+
+#[test]
+fn each_sleep_is_charged_to_what_the_thread_waited_on() {
+    let mut collector = collector();
+    let worker = TestCgroup::new("reasons");
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let mut child = worker.spawn_workload(&["reasons", &scratch_dir(), &addr]);
+    let (mut peer, _) = listener.accept().expect("accept");
+    read_first_json_line(&mut child);
+    let before = collector.sample().expect("sample");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+    // The peer (this test, outside the worker) answers half a second after the ping.
+    let mut ping = [0u8; 5];
+    peer.read_exact(&mut ping).expect("ping");
+    std::thread::sleep(Duration::from_millis(500));
+    peer.write_all(b"!").expect("answer");
+    let timed = wait_json(child);
+    let after = collector.sample().expect("sample");
+    let stats = model::diff(Some(&before), &after)
+        .workers
+        .into_iter()
+        .find(|w| w.cgroup_id == worker.id)
+        .expect("worker seen");
+    let delays = &stats.delays;
+    let reason_ns = |name: &str| {
+        delays.wait_ns[WAIT_NAMES.iter().position(|n| *n == name).expect("reason")]
+    };
+    eprintln!(
+        "reasons: {}; workload timed {timed}",
+        WAIT_NAMES
+            .iter()
+            .map(|name| format!("{name} {:.1} ms", reason_ns(name) as f64 / 1e6))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    // The reasons split blocked I/O plus sleep, exactly.
+    assert_eq!(
+        delays.wait_ns.iter().sum::<u64>(),
+        delays.blocked_io_ns + delays.sleep_ns,
+        "reasons do not add up to blocked + sleep"
+    );
+    for (reason, key) in [
+        ("timer", "timer_ns"),
+        ("network", "network_ns"),
+        ("lock", "lock_ns"),
+        ("child", "child_ns"),
+        ("pipe", "pipe_ns"),
+    ] {
+        let (ours, theirs) = (reason_ns(reason), field(&timed, key));
+        assert!(
+            close_to(ours, theirs),
+            "{reason}: {ours} ns, the workload timed {theirs} ns"
+        );
+    }
+    // fsync is partly on the CPU: its sleep is at most what the calls took, and real.
+    let (disk, fsyncs) = (reason_ns("disk"), field(&timed, "disk_ns"));
+    assert!(
+        disk > 0 && disk <= fsyncs + 10_000_000,
+        "disk {disk} ns for fsyncs that took {fsyncs} ns"
+    );
+}
+
+/// A server that answers each `GET n` line with n bytes after `delay`, then closes.
+fn delayed_store(listener: TcpListener, requests: usize, delay: Duration) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for _ in 0..requests {
+            let (stream, _) = listener.accept().expect("accept");
+            let mut reader = BufReader::new(stream);
+            let mut line = String::new();
+            reader.read_line(&mut line).expect("request");
+            let bytes: usize = line.trim().trim_start_matches("GET ").parse().expect("size");
+            std::thread::sleep(delay);
+            let mut stream = reader.into_inner();
+            let block = vec![9u8; 1 << 16];
+            let mut left = bytes;
+            while left > 0 {
+                let n = left.min(block.len());
+                stream.write_all(&block[..n]).expect("answer");
+                left -= n;
+            }
+        }
+    })
+}
+
+/// A server that reads each connection to its end, then answers `ok`.
+fn sink(listener: TcpListener, connections: usize) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for _ in 0..connections {
+            let (mut stream, _) = listener.accept().expect("accept");
+            let mut buf = vec![0u8; 1 << 16];
+            while stream.read(&mut buf).expect("read") > 0 {}
+            stream.write_all(b"ok").expect("ok");
+        }
+    })
+}
+
+/// `workerprobe exec --json` of the workload with `workload` arguments; its summary and the
+/// workload's own last line.
+fn exec_json(agent_args: &[String], workload: &[String]) -> (serde_json::Value, serde_json::Value) {
+    let out = temp_path("waits", "summary.json");
+    let output = Command::new(workerprobe_path())
+        .arg("exec")
+        .arg("--json")
+        .arg("--output")
+        .arg(&out)
+        .args(agent_args)
+        .arg("--")
+        .arg(workload_path())
+        .args(workload)
+        .output()
+        .expect("run workerprobe exec");
+    assert!(
+        output.status.success(),
+        "exec failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("summary")).expect("JSON");
+    let _ = std::fs::remove_file(&out);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let counted: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("workload output")).expect("JSON");
+    (summary, counted)
+}
+
+fn endpoint<'a>(summary: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    summary["endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .find(|e| e["endpoint"] == name)
+        .unwrap_or_else(|| panic!("no endpoint {name} in {}", summary["endpoints"]))
+}
+
+#[test]
+fn bytes_and_waits_per_endpoint_are_the_clients() {
+    require_root();
+    const REQUESTS: usize = 6;
+    const DELAY: Duration = Duration::from_millis(200);
+    let store = TcpListener::bind("127.0.0.2:0").expect("bind the store on 127.0.0.2");
+    let peer = TcpListener::bind("127.0.0.3:0").expect("bind the peer on 127.0.0.3");
+    let (store_addr, peer_addr) = (
+        store.local_addr().expect("addr").to_string(),
+        peer.local_addr().expect("addr").to_string(),
+    );
+    let store_thread = delayed_store(store, REQUESTS, DELAY);
+    let peer_thread = sink(peer, 1);
+    let (summary, counted) = exec_json(
+        &[
+            "--endpoint".into(),
+            "store=127.0.0.2/32".into(),
+            "--endpoint".into(),
+            "peer=127.0.0.3/32".into(),
+        ],
+        &[
+            "fetch".into(),
+            store_addr,
+            REQUESTS.to_string(),
+            "5000000".into(),
+            peer_addr,
+            "10000000".into(),
+        ],
+    );
+    store_thread.join().expect("store");
+    peer_thread.join().expect("peer");
+    eprintln!("endpoints {}; client counted {counted}", summary["endpoints"]);
+    let store = endpoint(&summary, "store");
+    let peer = endpoint(&summary, "peer");
+    assert_eq!(store["received_bytes"], counted["store_received"]);
+    assert_eq!(store["sent_bytes"], counted["store_sent"]);
+    assert_eq!(peer["sent_bytes"], counted["peer_sent"]);
+    assert_eq!(peer["received_bytes"], counted["peer_received"]);
+    let store_wait = store["wait_seconds"].as_f64().expect("store wait");
+    let peer_wait = peer["wait_seconds"].as_f64().expect("peer wait");
+    let injected = REQUESTS as f64 * DELAY.as_secs_f64();
+    assert!(
+        store_wait >= 0.95 * injected,
+        "the store's wait {store_wait}s is short of the injected {injected}s"
+    );
+    assert!(
+        peer_wait < DELAY.as_secs_f64(),
+        "the peer was charged {peer_wait}s, like a store delay"
+    );
+    // The network reason covers the endpoints' waits.
+    let network = summary["time"]["waits"]["network"]["seconds"]
+        .as_f64()
+        .expect("network wait");
+    assert!(network + 1e-6 >= store_wait + peer_wait, "network {network}s");
+}
+
+#[test]
+fn more_endpoints_than_the_bound_go_to_other_and_totals_stay_exact() {
+    require_root();
+    const PEERS: usize = 10;
+    const BOUND: usize = 4;
+    let mut rules = vec![
+        "--max-endpoints-per-worker".to_string(),
+        BOUND.to_string(),
+    ];
+    let mut addrs = Vec::new();
+    let mut threads = Vec::new();
+    for index in 0..PEERS {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        rules.push("--endpoint".into());
+        rules.push(format!("p{index}=:{}", addr.port()));
+        addrs.push(addr.to_string());
+        threads.push(sink(listener, 1));
+    }
+    let mut workload = vec!["fanout".to_string()];
+    workload.extend(addrs);
+    workload.push("100000".into());
+    let (summary, counted) = exec_json(&rules, &workload);
+    for thread in threads {
+        thread.join().expect("sink");
+    }
+    let endpoints = summary["endpoints"].as_array().expect("endpoints");
+    eprintln!("endpoints {endpoints:?}");
+    let sum = |key: &str| endpoints.iter().map(|e| e[key].as_u64().unwrap_or(0)).sum::<u64>();
+    assert_eq!(sum("sent_bytes"), field(&counted, "sent_bytes"), "sent over all endpoints");
+    assert_eq!(sum("received_bytes"), field(&counted, "received_bytes"));
+    let named = endpoints.iter().filter(|e| e["endpoint"] != "other").count();
+    assert!(named <= BOUND, "{named} endpoints kept, the bound is {BOUND}");
+    let other = endpoint(&summary, "other");
+    assert!(other["sent_calls"].as_u64().is_some_and(|calls| calls > 0), "{other}");
+}
