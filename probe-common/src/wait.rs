@@ -40,7 +40,7 @@ pub enum SyscallWait {
 /// The wait a sleep in x86-64 system call `nr` is (`nr < 0`: not in a system call, e.g. a
 /// page fault).
 #[inline(always)]
-pub fn syscall_wait(nr: i64) -> SyscallWait {
+pub const fn syscall_wait(nr: i64) -> SyscallWait {
     use SyscallWait::{OnFd, Reason, Unknown};
     match nr {
         // read, write, pread64, pwrite64, readv, writev, sendfile, connect, accept, sendto,
@@ -61,6 +61,31 @@ pub fn syscall_wait(nr: i64) -> SyscallWait {
         _ => Unknown,
     }
 }
+
+/// System call numbers the table below covers (x86-64 has fewer than 512).
+pub const SYSCALLS: usize = 512;
+/// [`SYSCALL_WAITS`] entry: nothing known.
+pub const TABLE_UNKNOWN: u8 = 0;
+/// [`SYSCALL_WAITS`] entry: a call on the file descriptor in the first argument.
+pub const TABLE_ON_FD: u8 = 1;
+/// [`SYSCALL_WAITS`] entries from here on are `TABLE_REASON + reason`.
+pub const TABLE_REASON: u8 = 2;
+
+/// [`syscall_wait`] as a table indexed by system call number: one load on the scheduler's hot
+/// path instead of a chain of comparisons.
+pub const SYSCALL_WAITS: [u8; SYSCALLS] = {
+    let mut table = [TABLE_UNKNOWN; SYSCALLS];
+    let mut nr = 0;
+    while nr < SYSCALLS {
+        table[nr] = match syscall_wait(nr as i64) {
+            SyscallWait::Unknown => TABLE_UNKNOWN,
+            SyscallWait::OnFd => TABLE_ON_FD,
+            SyscallWait::Reason(reason) => TABLE_REASON + reason as u8,
+        };
+        nr += 1;
+    }
+    table
+};
 
 /// `S_IFMT` bits of an inode's `i_mode`.
 const S_IFMT: u16 = 0o170000;
@@ -112,5 +137,8 @@ mod tests {
         assert_eq!(file_wait(0o600), WAIT_OTHER); // anonymous inodes: eventfd, timerfd
         assert_eq!(unknown_wait(true), WAIT_DISK);
         assert_eq!(WAIT_NAMES.len(), WAIT_REASONS);
+        assert_eq!(SYSCALL_WAITS[202], TABLE_REASON + WAIT_LOCK as u8);
+        assert_eq!(SYSCALL_WAITS[0], TABLE_ON_FD);
+        assert_eq!(SYSCALL_WAITS[500], TABLE_UNKNOWN);
     }
 }

@@ -14,7 +14,8 @@ use probe_common::{
     cpu::{CpuStats, LastSwitch, RUNQ_BUCKETS, runq_bucket},
     drops::{DROP_CPU_STATS, DROP_SLOTS, DROP_TASK_STATE},
     wait::{
-        SyscallWait, WAIT_NETWORK, WAIT_OTHER, WAIT_REASONS, file_wait, syscall_wait, unknown_wait,
+        SYSCALL_WAITS, SYSCALLS, TABLE_ON_FD, TABLE_REASON, TABLE_UNKNOWN, WAIT_NETWORK,
+        WAIT_OTHER, WAIT_REASONS, file_wait, unknown_wait,
     },
 };
 
@@ -61,14 +62,21 @@ pub fn switch_floor(_ctx: BtfTracePointContext) -> u32 {
 /// struct task_struct *next, unsigned int prev_state)`.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn switch_cpu(ctx: BtfTracePointContext) -> u32 {
-    on_switch::<false>(&ctx);
+    on_switch::<false, false>(&ctx);
     0
 }
 
 /// CPU accounting and where the off-CPU time went (run-queue wait, blocked on I/O, sleep).
 #[btf_tracepoint(function = "sched_switch")]
 pub fn switch_full(ctx: BtfTracePointContext) -> u32 {
-    on_switch::<true>(&ctx);
+    on_switch::<true, false>(&ctx);
+    0
+}
+
+/// All of `switch_full`, and what each sleep waits on (`--programs waits`).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn switch_waits(ctx: BtfTracePointContext) -> u32 {
+    on_switch::<true, true>(&ctx);
     0
 }
 
@@ -139,7 +147,7 @@ fn start_account(state: &mut TaskState, task: Task) {
 /// run-queue waits (the scheduler's own `sched_info.run_delay`, added at each arrival) and
 /// the sleeps its wakeups measured.
 #[inline(always)]
-fn on_switch<const DELAYS: bool>(ctx: &BtfTracePointContext) {
+fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) {
     let prev: Task = ctx.arg(1);
     let next: Task = ctx.arg(2);
 
@@ -182,7 +190,7 @@ fn on_switch<const DELAYS: bool>(ctx: &BtfTracePointContext) {
         } else {
             // Its switch-in was not seen: its account starts now.
             if DELAYS {
-                go_off_cpu(state, prev, voluntary, prev_state, 0);
+                go_off_cpu::<WAITS>(state, prev, voluntary, prev_state, 0);
             }
             return;
         }
@@ -192,21 +200,27 @@ fn on_switch<const DELAYS: bool>(ctx: &BtfTracePointContext) {
     let slice_ns = runtime_ns.saturating_sub(state.accounted_runtime_ns);
     state.accounted_runtime_ns = runtime_ns;
     if DELAYS {
-        go_off_cpu(state, prev, voluntary, prev_state, slice_ns);
+        go_off_cpu::<WAITS>(state, prev, voluntary, prev_state, slice_ns);
     }
     let cgroup_id = task::cgroup_id(prev);
     if let Some(stats) = CPU_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: per-CPU value of this CPU; no other writer while we run.
-        unsafe { add_slice::<DELAYS>(&mut *stats, state, prev, slice_ns, voluntary) };
+        unsafe { add_slice::<DELAYS, WAITS>(&mut *stats, state, prev, slice_ns, voluntary) };
         return;
     }
-    insert_first_slice::<DELAYS>(cgroup_id, state, prev, slice_ns, voluntary);
+    insert_first_slice::<DELAYS, WAITS>(cgroup_id, state, prev, slice_ns, voluntary);
 }
 
 /// Notes how the task leaves the CPU: still runnable (the scheduler times that wait), or
 /// asleep from now — the end of its slice on the rq clock: arrival plus the slice.
 #[inline(always)]
-fn go_off_cpu(state: &mut TaskState, prev: Task, voluntary: bool, prev_state: u64, slice_ns: u64) {
+fn go_off_cpu<const WAITS: bool>(
+    state: &mut TaskState,
+    prev: Task,
+    voluntary: bool,
+    prev_state: u64,
+    slice_ns: u64,
+) {
     if !voluntary {
         state.state = RUNNING;
         return;
@@ -218,9 +232,14 @@ fn go_off_cpu(state: &mut TaskState, prev: Task, voluntary: bool, prev_state: u6
         SLEEPING
     };
     state.slept_at_ns = task::last_arrival_ns(prev) + slice_ns;
-    let (reason, syscall) = wait_reason(prev, uninterruptible);
-    state.reason = reason;
-    state.sleep_syscall = syscall;
+    if WAITS {
+        let (reason, syscall) = wait_reason(prev, uninterruptible);
+        state.reason = reason;
+        state.sleep_syscall = syscall;
+    } else {
+        // Not classified: nothing downstream reads it, and no endpoint claims it.
+        state.reason = WAIT_OTHER;
+    }
 }
 
 /// Why `prev` is going to sleep, and the system call it sleeps in: the call says why, and for
@@ -233,13 +252,19 @@ fn wait_reason(prev: Task, uninterruptible: bool) -> (u32, i64) {
     let Some((nr, first_arg)) = task::syscall(prev) else {
         return (unknown_wait(uninterruptible), -1);
     };
-    let reason = match syscall_wait(nr) {
-        SyscallWait::Reason(reason) => reason,
-        SyscallWait::Unknown => unknown_wait(uninterruptible),
-        SyscallWait::OnFd => match task::fd_mode(prev, first_arg) {
+    // A table load, not a chain of comparisons: this runs at every sleep.
+    let entry = if (0..SYSCALLS as i64).contains(&nr) {
+        SYSCALL_WAITS[nr as usize & (SYSCALLS - 1)]
+    } else {
+        TABLE_UNKNOWN
+    };
+    let reason = match entry {
+        TABLE_UNKNOWN => unknown_wait(uninterruptible),
+        TABLE_ON_FD => match task::fd_mode(prev, first_arg) {
             Some(mode) => file_wait(mode),
             None => unknown_wait(uninterruptible),
         },
+        reason => u32::from(reason - TABLE_REASON),
     };
     (reason, nr)
 }
@@ -247,7 +272,7 @@ fn wait_reason(prev: Task, uninterruptible: bool) -> (u32, i64) {
 /// Adds a slice, and with `DELAYS` the task's run-queue waits and pending sleeps, to its
 /// cgroup's counters.
 #[inline(always)]
-fn add_slice<const DELAYS: bool>(
+fn add_slice<const DELAYS: bool, const WAITS: bool>(
     stats: &mut CpuStats,
     state: &mut TaskState,
     prev: Task,
@@ -279,7 +304,7 @@ fn add_slice<const DELAYS: bool>(
     stats.blocked_io_ns += state.pending_blocked_io_ns;
     stats.sleep_ns += state.pending_sleep_ns;
     stats.wakeups += state.pending_wakeups;
-    if state.pending_wakeups > 0 {
+    if WAITS && state.pending_wakeups > 0 {
         let reason = state.pending_reason as usize & (WAIT_REASONS - 1);
         stats.wait_ns[reason] += state.pending_blocked_io_ns + state.pending_sleep_ns;
         stats.waits[reason] += state.pending_wakeups;
@@ -291,7 +316,7 @@ fn add_slice<const DELAYS: bool>(
 
 /// Rare path: the first slice of a cgroup on this CPU since load.
 #[inline(never)]
-fn insert_first_slice<const DELAYS: bool>(
+fn insert_first_slice<const DELAYS: bool, const WAITS: bool>(
     cgroup_id: u64,
     state: &mut TaskState,
     prev: Task,
@@ -303,7 +328,7 @@ fn insert_first_slice<const DELAYS: bool>(
     // Another CPU may have inserted the same cgroup a moment ago: either way, add to it.
     if let Some(stats) = CPU_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: as above.
-        unsafe { add_slice::<DELAYS>(&mut *stats, state, prev, slice_ns, voluntary) };
+        unsafe { add_slice::<DELAYS, WAITS>(&mut *stats, state, prev, slice_ns, voluntary) };
     } else {
         count_drop(DROP_CPU_STATS);
     }

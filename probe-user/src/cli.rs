@@ -62,7 +62,7 @@ pub struct CheckArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "cpu,delays,net,workers,endpoints"
+        default_value = "cpu,delays,net,workers,endpoints,waits"
     )]
     pub programs: Vec<ProgramChoice>,
 }
@@ -271,7 +271,7 @@ pub struct ProbeArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "cpu,delays,net,workers,endpoints"
+        default_value = "cpu,delays,net,workers,endpoints,waits"
     )]
     pub programs: Vec<ProgramChoice>,
     /// After loading and attaching, run as this unprivileged user with no capabilities
@@ -348,6 +348,9 @@ pub enum ProgramChoice {
     Workers,
     /// Bytes and network waits per remote endpoint (with net).
     Endpoints,
+    /// What each sleep waited on: network, disk, lock, timer, child, pipe, poll, other
+    /// (includes delays).
+    Waits,
     /// For benchmarks only: an empty sched_switch program, the cost floor.
     #[value(hide = true)]
     Floor,
@@ -361,6 +364,7 @@ impl From<ProgramChoice> for crate::loader::ProgramGroup {
             ProgramChoice::Net => Self::Net,
             ProgramChoice::Workers => Self::Lifecycle,
             ProgramChoice::Endpoints => Self::Endpoints,
+            ProgramChoice::Waits => Self::Waits,
             ProgramChoice::Floor => Self::Floor,
         }
     }

@@ -141,7 +141,8 @@ fn plot_trace_and_report_draw_a_real_recording() {
         "bytes/s",
         "time since the first tick (s)",
         "on CPU",
-        "sleep",
+        "run-queue",
+        "network",
     ] {
         assert!(svg.contains(label), "the plot has no {label:?}");
     }

@@ -3,7 +3,7 @@
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     process::Command,
     time::Duration,
 };
@@ -46,9 +46,8 @@ fn each_sleep_is_charged_to_what_the_thread_waited_on() {
         .find(|w| w.cgroup_id == worker.id)
         .expect("worker seen");
     let delays = &stats.delays;
-    let reason_ns = |name: &str| {
-        delays.wait_ns[WAIT_NAMES.iter().position(|n| *n == name).expect("reason")]
-    };
+    let reason_ns =
+        |name: &str| delays.wait_ns[WAIT_NAMES.iter().position(|n| *n == name).expect("reason")];
     eprintln!(
         "reasons: {}; workload timed {timed}",
         WAIT_NAMES
@@ -85,14 +84,22 @@ fn each_sleep_is_charged_to_what_the_thread_waited_on() {
 }
 
 /// A server that answers each `GET n` line with n bytes after `delay`, then closes.
-fn delayed_store(listener: TcpListener, requests: usize, delay: Duration) -> std::thread::JoinHandle<()> {
+fn delayed_store(
+    listener: TcpListener,
+    requests: usize,
+    delay: Duration,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         for _ in 0..requests {
             let (stream, _) = listener.accept().expect("accept");
             let mut reader = BufReader::new(stream);
             let mut line = String::new();
             reader.read_line(&mut line).expect("request");
-            let bytes: usize = line.trim().trim_start_matches("GET ").parse().expect("size");
+            let bytes: usize = line
+                .trim()
+                .trim_start_matches("GET ")
+                .parse()
+                .expect("size");
             std::thread::sleep(delay);
             let mut stream = reader.into_inner();
             let block = vec![9u8; 1 << 16];
@@ -187,7 +194,10 @@ fn bytes_and_waits_per_endpoint_are_the_clients() {
     );
     store_thread.join().expect("store");
     peer_thread.join().expect("peer");
-    eprintln!("endpoints {}; client counted {counted}", summary["endpoints"]);
+    eprintln!(
+        "endpoints {}; client counted {counted}",
+        summary["endpoints"]
+    );
     let store = endpoint(&summary, "store");
     let peer = endpoint(&summary, "peer");
     assert_eq!(store["received_bytes"], counted["store_received"]);
@@ -209,7 +219,10 @@ fn bytes_and_waits_per_endpoint_are_the_clients() {
     let network = summary["time"]["waits"]["network"]["seconds"]
         .as_f64()
         .expect("network wait");
-    assert!(network + 1e-6 >= store_wait + peer_wait, "network {network}s");
+    assert!(
+        network + 1e-6 >= store_wait + peer_wait,
+        "network {network}s"
+    );
 }
 
 #[test]
@@ -217,10 +230,7 @@ fn more_endpoints_than_the_bound_go_to_other_and_totals_stay_exact() {
     require_root();
     const PEERS: usize = 10;
     const BOUND: usize = 4;
-    let mut rules = vec![
-        "--max-endpoints-per-worker".to_string(),
-        BOUND.to_string(),
-    ];
+    let mut rules = vec!["--max-endpoints-per-worker".to_string(), BOUND.to_string()];
     let mut addrs = Vec::new();
     let mut threads = Vec::new();
     for index in 0..PEERS {
@@ -240,11 +250,29 @@ fn more_endpoints_than_the_bound_go_to_other_and_totals_stay_exact() {
     }
     let endpoints = summary["endpoints"].as_array().expect("endpoints");
     eprintln!("endpoints {endpoints:?}");
-    let sum = |key: &str| endpoints.iter().map(|e| e[key].as_u64().unwrap_or(0)).sum::<u64>();
-    assert_eq!(sum("sent_bytes"), field(&counted, "sent_bytes"), "sent over all endpoints");
+    let sum = |key: &str| {
+        endpoints
+            .iter()
+            .map(|e| e[key].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    assert_eq!(
+        sum("sent_bytes"),
+        field(&counted, "sent_bytes"),
+        "sent over all endpoints"
+    );
     assert_eq!(sum("received_bytes"), field(&counted, "received_bytes"));
-    let named = endpoints.iter().filter(|e| e["endpoint"] != "other").count();
-    assert!(named <= BOUND, "{named} endpoints kept, the bound is {BOUND}");
+    let named = endpoints
+        .iter()
+        .filter(|e| e["endpoint"] != "other")
+        .count();
+    assert!(
+        named <= BOUND,
+        "{named} endpoints kept, the bound is {BOUND}"
+    );
     let other = endpoint(&summary, "other");
-    assert!(other["sent_calls"].as_u64().is_some_and(|calls| calls > 0), "{other}");
+    assert!(
+        other["sent_calls"].as_u64().is_some_and(|calls| calls > 0),
+        "{other}"
+    );
 }

@@ -126,6 +126,7 @@ pub const VM_TESTS: &[VmTest] = &[
         env: &[("WP_TEST_NET_ATTACH", "fexit")],
         both_net_variants: true,
     },
+    plain("waits"),
     plain("workers"),
     plain("restart"),
     plain("privileges"),
@@ -717,6 +718,7 @@ mkdir -p /run/wp-scratch && mount -t ext4 /dev/vda /run/wp-scratch || progress "
 export WP_SCRATCH=/run/wp-scratch
 progress "booted $(uname -r), cgroup2 at $cg"
 {agent} check --json > $out/check.json 2> $out/check.err
+{agent} check > $out/check.txt 2>&1
 "#,
         agent = agent.display()
     );
@@ -730,8 +732,10 @@ progress "booted $(uname -r), cgroup2 at $cg"
                 script,
                 r#"if ! grep -qa btf_trace_sock_send_length /sys/kernel/btf/vmlinux; then
   echo "one socket variant only (no sock_send_length tracepoint)" > $out/{file}.na
+  progress "{name}: n/a here"
 else
-"#
+"#,
+                name = test.name
             );
         }
         let env: String = test

@@ -64,16 +64,20 @@ pub enum ProgramGroup {
     Lifecycle,
     /// Bytes and network waits per remote endpoint, kept by the socket programs (with `Net`).
     Endpoints,
+    /// What each sleep waited on (network, disk, lock, …): `Delays` with its sched_switch
+    /// program reading the sleeping thread's system call. Includes `Delays`.
+    Waits,
 }
 
 impl ProgramGroup {
     /// Every group a user normally wants.
-    pub const DEFAULT: [ProgramGroup; 5] = [
+    pub const DEFAULT: [ProgramGroup; 6] = [
         ProgramGroup::Cpu,
         ProgramGroup::Delays,
         ProgramGroup::Net,
         ProgramGroup::Lifecycle,
         ProgramGroup::Endpoints,
+        ProgramGroup::Waits,
     ];
 
     /// The `--programs` name of the group.
@@ -85,6 +89,7 @@ impl ProgramGroup {
             ProgramGroup::Floor => "floor",
             ProgramGroup::Lifecycle => "workers",
             ProgramGroup::Endpoints => "endpoints",
+            ProgramGroup::Waits => "waits",
         }
     }
 
@@ -97,6 +102,7 @@ impl ProgramGroup {
             ProgramGroup::Floor,
             ProgramGroup::Lifecycle,
             ProgramGroup::Endpoints,
+            ProgramGroup::Waits,
         ]
         .into_iter()
         .find(|group| group.name() == name)

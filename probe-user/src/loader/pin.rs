@@ -599,6 +599,9 @@ mod tests {
         assert!(text.len() < 4000, "a symlink target holds it");
         assert_eq!(serde_json::from_str::<Meta>(&text).unwrap(), meta);
         assert_eq!(meta.entries(), ["link_switch_full", "CPU_STATS"]);
-        assert_eq!(meta.groups, ["cpu", "delays", "net", "workers"]);
+        assert_eq!(
+            meta.groups,
+            ["cpu", "delays", "endpoints", "net", "waits", "workers"]
+        );
     }
 }

@@ -105,6 +105,28 @@ const DELAYS: &[Variant] = &[Variant {
     ],
 }];
 
+const WAITS: &[Variant] = &[Variant {
+    name: "tp_btf sched_switch with wait reasons, sched_wakeup",
+    needs: &[
+        SCHED_SWITCH,
+        Need::Tracepoint {
+            name: "sched_wakeup",
+            args: 1,
+        },
+        Need::Tracepoint {
+            name: "sched_wakeup_new",
+            args: 1,
+        },
+        Need::TaskStorage,
+        Need::SchedInfo,
+    ],
+    programs: &[
+        tp("switch_waits", "sched_switch"),
+        tp("wakeup", "sched_wakeup"),
+        tp("wakeup_new", "sched_wakeup_new"),
+    ],
+}];
+
 /// The socket-length tracepoints (6.3+) first: cheapest, and every call path.
 const NET: &[Variant] = &[
     Variant {
@@ -213,6 +235,7 @@ pub fn variants(group: ProgramGroup) -> &'static [Variant] {
         ProgramGroup::Lifecycle => LIFECYCLE,
         // Kept by the socket programs: no programs of its own.
         ProgramGroup::Endpoints => &[],
+        ProgramGroup::Waits => WAITS,
         ProgramGroup::Floor => FLOOR,
     }
 }
@@ -225,6 +248,7 @@ pub fn all_needs() -> Vec<Need> {
         ProgramGroup::Net,
         ProgramGroup::Lifecycle,
         ProgramGroup::Floor,
+        ProgramGroup::Waits,
     ]
     .into_iter()
     .flat_map(variants)
@@ -262,8 +286,10 @@ impl Plan {
         asked.sort_unstable();
         asked.dedup();
         let choose = |group: ProgramGroup| choose(group, features, 0, Vec::new());
-        let delays_run = asked.contains(&ProgramGroup::Delays)
-            && matches!(choose(ProgramGroup::Delays), GroupPlan::Runs(_));
+        let runs = |group: ProgramGroup| {
+            asked.contains(&group) && matches!(choose(group), GroupPlan::Runs(_))
+        };
+        let (waits_run, delays_run) = (runs(ProgramGroup::Waits), runs(ProgramGroup::Delays));
         let net_runs = asked.contains(&ProgramGroup::Net)
             && matches!(choose(ProgramGroup::Net), GroupPlan::Runs(_));
         let groups = asked
@@ -271,7 +297,11 @@ impl Plan {
             .map(|group| {
                 // The delays programs' sched_switch does the CPU accounting too: one switch
                 // program at a time.
+                // One sched_switch program at a time: the most complete one asked for.
                 let plan = match group {
+                    ProgramGroup::Cpu | ProgramGroup::Delays if waits_run => {
+                        GroupPlan::Within(ProgramGroup::Waits)
+                    }
                     ProgramGroup::Cpu if delays_run => GroupPlan::Within(ProgramGroup::Delays),
                     ProgramGroup::Endpoints if net_runs => GroupPlan::Within(ProgramGroup::Net),
                     ProgramGroup::Endpoints => GroupPlan::Missing(vec![
@@ -320,8 +350,9 @@ impl Plan {
                 .any(|(g, plan)| *g == group && !matches!(plan, GroupPlan::Missing(_)))
         };
         Measured {
-            cpu: runs(ProgramGroup::Cpu) || runs(ProgramGroup::Delays),
-            delays: runs(ProgramGroup::Delays),
+            cpu: runs(ProgramGroup::Cpu) || runs(ProgramGroup::Delays) || runs(ProgramGroup::Waits),
+            delays: runs(ProgramGroup::Delays) || runs(ProgramGroup::Waits),
+            waits: runs(ProgramGroup::Waits),
             net: runs(ProgramGroup::Net),
             lifecycle: runs(ProgramGroup::Lifecycle),
             endpoints: runs(ProgramGroup::Endpoints) && runs(ProgramGroup::Net),
@@ -346,10 +377,25 @@ impl Plan {
                 .map_or(usize::MAX, |at| at + 1);
             *plan = choose(group, &features, next, vec![reason.clone()]);
         }
-        if group == ProgramGroup::Delays {
+        // Groups measured within the one that fell back are planned again on their own.
+        if matches!(group, ProgramGroup::Delays | ProgramGroup::Waits) {
+            // Delays first: CPU goes within them if they now run.
             for (g, plan) in &mut self.groups {
-                if *g == ProgramGroup::Cpu && *plan == GroupPlan::Within(ProgramGroup::Delays) {
-                    *plan = choose(ProgramGroup::Cpu, &features, 0, Vec::new());
+                if *g == ProgramGroup::Delays && *plan == GroupPlan::Within(group) {
+                    *plan = choose(*g, &features, 0, Vec::new());
+                }
+            }
+            let delays_runs = self
+                .groups
+                .iter()
+                .any(|(g, plan)| *g == ProgramGroup::Delays && matches!(plan, GroupPlan::Runs(_)));
+            for (g, plan) in &mut self.groups {
+                if *g == ProgramGroup::Cpu && *plan == GroupPlan::Within(group) {
+                    *plan = if delays_runs {
+                        GroupPlan::Within(ProgramGroup::Delays)
+                    } else {
+                        choose(*g, &features, 0, Vec::new())
+                    };
                 }
             }
         }
@@ -371,10 +417,16 @@ impl Plan {
         !self.programs().is_empty()
     }
 
-    /// One sentence per group that is not measured, for the user.
+    /// One sentence per group that is not measured, for the user (endpoints go unsaid when
+    /// socket bytes, which keep them, are missing too).
     pub fn notes(&self, kernel_release: &str) -> Vec<String> {
+        let net_missing = self
+            .groups
+            .iter()
+            .any(|(g, plan)| *g == ProgramGroup::Net && matches!(plan, GroupPlan::Missing(_)));
         self.groups
             .iter()
+            .filter(|(group, _)| !(*group == ProgramGroup::Endpoints && net_missing))
             .filter_map(|(group, plan)| match plan {
                 GroupPlan::Missing(needs) => Some(format!(
                     "{} {} not measured on Linux {kernel_release}: it needs {}; the other measurements run",
@@ -395,6 +447,7 @@ impl Plan {
                 let name = match plan {
                     GroupPlan::Runs(variant) => Some(variant.name),
                     GroupPlan::Within(ProgramGroup::Net) => Some("within the socket programs"),
+                    GroupPlan::Within(ProgramGroup::Waits) => Some("within waits' sched_switch"),
                     GroupPlan::Within(_) => Some("within delays' sched_switch"),
                     GroupPlan::Missing(_) => None,
                 };
@@ -439,6 +492,7 @@ fn group_description(group: ProgramGroup) -> &'static str {
         ProgramGroup::Net => "socket bytes (--programs net)",
         ProgramGroup::Lifecycle => "the end of each worker (--programs workers)",
         ProgramGroup::Endpoints => "bytes and waits per remote endpoint (--programs endpoints)",
+        ProgramGroup::Waits => "what each sleep waited on (--programs waits)",
         ProgramGroup::Floor => "the empty benchmark program",
     }
 }
@@ -492,7 +546,7 @@ mod tests {
                 "cgroup_rmdir",
                 "sock_recv",
                 "sock_send",
-                "switch_full",
+                "switch_waits",
                 "wakeup",
                 "wakeup_new"
             ]
@@ -526,7 +580,7 @@ mod tests {
         );
         let measured = plan.measured();
         assert!(!measured.net && measured.cpu && measured.delays && measured.lifecycle);
-        assert!(names(&plan).contains(&"switch_full"));
+        assert!(names(&plan).contains(&"switch_waits"));
     }
 
     #[test]
@@ -580,6 +634,19 @@ mod tests {
         plan.fall_back(ProgramGroup::Net, "fexit refused too".into());
         assert!(!plan.measured().net);
         assert!(plan.notes("x")[0].contains("fexit refused too"));
+        // Without the wait reasons' program, the delays' own; without that, CPU's.
+        plan.fall_back(ProgramGroup::Waits, "no".into());
+        assert_eq!(
+            names(&plan),
+            [
+                "cgroup_mkdir",
+                "cgroup_rmdir",
+                "switch_full",
+                "wakeup",
+                "wakeup_new"
+            ]
+        );
+        assert!(plan.measured().delays && !plan.measured().waits);
         plan.fall_back(ProgramGroup::Delays, "no".into());
         assert_eq!(names(&plan), ["cgroup_mkdir", "cgroup_rmdir", "switch_cpu"]);
     }

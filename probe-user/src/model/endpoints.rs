@@ -339,7 +339,7 @@ mod tests {
         assert_eq!(namer.name(&v4([1, 2, 3, 4], 443)).label(), "web");
         assert_eq!(namer.name(&v4([127, 0, 0, 3], 80)).label(), "local");
         let raw = namer.name(&v4([10, 0, 0, 9], 5432));
-        assert_eq!((raw.group, raw.label()), (None, "10.0.0.9:5432"));
+        assert_eq!((raw.group.clone(), raw.label()), (None, "10.0.0.9:5432"));
         assert_eq!(namer.name(&v4([0, 0, 0, 0], 0)).label(), "unconnected");
         let other = EndpointKey {
             family: ENDPOINT_OTHER,

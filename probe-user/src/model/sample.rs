@@ -54,6 +54,9 @@ pub struct Measured {
     /// Bytes and network waits per remote endpoint. Absent in older recordings: not measured.
     #[serde(default)]
     pub endpoints: bool,
+    /// What each sleep waited on (wait reasons). Absent in older recordings: not measured.
+    #[serde(default)]
+    pub waits: bool,
 }
 
 impl Default for Measured {
@@ -65,6 +68,7 @@ impl Default for Measured {
             net: true,
             lifecycle: true,
             endpoints: true,
+            waits: true,
         }
     }
 }

@@ -129,8 +129,8 @@ pub struct SummaryTime {
     /// 99th percentile.
     pub runqueue_wait_p99_seconds: Option<f64>,
     /// Blocked-I/O plus sleep by what the threads waited on (network, disk, lock, timer,
-    /// child, pipe, poll, other); sums to blocked_io + sleep.
-    pub waits: BTreeMap<&'static str, SummaryWait>,
+    /// child, pipe, poll, other); sums to blocked_io + sleep. Null without `--programs waits`.
+    pub waits: Option<BTreeMap<&'static str, SummaryWait>>,
 }
 
 /// Time waited for one reason.
@@ -285,20 +285,22 @@ impl ExitSummary {
                 runqueue_wait_p50_seconds: quantile(0.5),
                 runqueue_wait_p90_seconds: quantile(0.9),
                 runqueue_wait_p99_seconds: quantile(0.99),
-                waits: WAIT_NAMES
-                    .iter()
-                    .zip(delays.wait_ns.iter().zip(&delays.waits))
-                    .filter(|(_, (ns, count))| **ns > 0 || **count > 0)
-                    .map(|(name, (&ns, &count))| {
-                        (
-                            *name,
-                            SummaryWait {
-                                seconds: seconds(ns),
-                                count,
-                            },
-                        )
-                    })
-                    .collect(),
+                waits: measured.waits.then(|| {
+                    WAIT_NAMES
+                        .iter()
+                        .zip(delays.wait_ns.iter().zip(&delays.waits))
+                        .filter(|(_, (ns, count))| **ns > 0 || **count > 0)
+                        .map(|(name, (&ns, &count))| {
+                            (
+                                *name,
+                                SummaryWait {
+                                    seconds: seconds(ns),
+                                    count,
+                                },
+                            )
+                        })
+                        .collect()
+                }),
             }),
             endpoints: measured.endpoints.then(|| {
                 by_label(namer, &stats.endpoints)

@@ -696,7 +696,7 @@ mod tests {
             taken_at: Some(at(ms)),
             workers: [(42, counters)].into_iter().collect(),
             drops: Drops {
-                by_map: vec![drops, 0, 0, 1],
+                by_map: vec![drops, 0, 0, 1, 0, 0],
             },
         }
     }
@@ -722,6 +722,7 @@ mod tests {
                 peak_bytes: 3 << 20,
                 source: MemorySource::Cgroup2,
             }),
+            None,
         )
     }
 

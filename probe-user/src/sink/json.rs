@@ -131,8 +131,8 @@ pub struct TimeDocument {
     /// 99th percentile run-queue wait.
     pub runqueue_wait_p99_seconds: Option<f64>,
     /// Blocked-I/O plus sleep by what the threads waited on (reasons with time only):
-    /// seconds, sleeps and share of the window.
-    pub waits: BTreeMap<&'static str, WaitDocument>,
+    /// seconds, sleeps and share of the window; null without `--programs waits`.
+    pub waits: Option<BTreeMap<&'static str, WaitDocument>>,
 }
 
 /// Time waited for one reason in a window.
@@ -167,7 +167,7 @@ pub struct EndpointDocument {
 
 impl TimeDocument {
     /// The breakdown of one worker's stats.
-    pub fn from_stats(worker: &WorkerStats) -> Self {
+    pub fn from_stats(worker: &WorkerStats, waits_measured: bool) -> Self {
         let delays = &worker.delays;
         let quantile = |q: f64| delays.runqueue_wait_quantile_ns(q).map(seconds);
         Self {
@@ -184,21 +184,23 @@ impl TimeDocument {
             runqueue_wait_p50_seconds: quantile(0.5),
             runqueue_wait_p90_seconds: quantile(0.9),
             runqueue_wait_p99_seconds: quantile(0.99),
-            waits: WAIT_NAMES
-                .iter()
-                .zip(delays.wait_ns.iter().zip(&delays.waits))
-                .filter(|(_, (ns, count))| **ns > 0 || **count > 0)
-                .map(|(name, (&ns, &count))| {
-                    (
-                        *name,
-                        WaitDocument {
-                            seconds: seconds(ns),
-                            count,
-                            share: worker.share_of_interval(ns),
-                        },
-                    )
-                })
-                .collect(),
+            waits: waits_measured.then(|| {
+                WAIT_NAMES
+                    .iter()
+                    .zip(delays.wait_ns.iter().zip(&delays.waits))
+                    .filter(|(_, (ns, count))| **ns > 0 || **count > 0)
+                    .map(|(name, (&ns, &count))| {
+                        (
+                            *name,
+                            WaitDocument {
+                                seconds: seconds(ns),
+                                count,
+                                share: worker.share_of_interval(ns),
+                            },
+                        )
+                    })
+                    .collect()
+            }),
         }
     }
 }
@@ -279,7 +281,9 @@ impl WorkerDocument {
                 voluntary_switches: worker.voluntary_switches,
                 involuntary_switches: worker.involuntary_switches,
             },
-            time: measured.delays.then(|| TimeDocument::from_stats(worker)),
+            time: measured
+                .delays
+                .then(|| TimeDocument::from_stats(worker, measured.waits)),
             net: measured.net.then(|| NetDocument {
                 sent_bytes: worker.sent_bytes(),
                 received_bytes: worker.received_bytes(),

@@ -318,7 +318,7 @@ fn encode_exposition(e: &Exposition, encoder: &mut DescriptorEncoder) -> fmt::Re
             blocked,
         )?;
         let mut waits = Vec::new();
-        for w in workers {
+        for w in workers.iter().filter(|_| e.measured.waits) {
             for (reason, name) in WAIT_NAMES.iter().enumerate() {
                 let ns: u64 = w
                     .counters
@@ -702,6 +702,7 @@ mod tests {
                     user_usec: 1_700_000,
                     system_usec: 50_000,
                 }),
+                ..WorkerCounters::default()
             },
             memory_bytes: Some(4096),
             memory_peak_bytes: Some(8192),
@@ -711,6 +712,7 @@ mod tests {
     fn exposition() -> Arc<Exposition> {
         Arc::new(Exposition {
             measured: Measured::default(),
+            endpoint_labels: EndpointLabels::default(),
             workers: vec![
                 worker("/system.slice/nginx.service"),
                 worker("/odd \"name\"\\x"),
@@ -1042,6 +1044,8 @@ mod tests {
         let exposition = Arc::new(Exposition {
             measured: Measured {
                 lifecycle: true,
+                endpoints: false,
+                waits: false,
                 cpu: true,
                 delays: false,
                 net: false,

@@ -32,6 +32,7 @@ pub fn human_line(summary: &ExitSummary) -> String {
             let mut reasons: Vec<(&str, f64)> = time
                 .waits
                 .iter()
+                .flatten()
                 .map(|(name, wait)| (*name, wait.seconds))
                 .collect();
             reasons.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -187,9 +188,18 @@ fn time_line(
     wall: f64,
 ) -> String {
     let percent = |seconds: f64| format!("{:.0}%", seconds / wall * 100.0);
+    let Some(waits) = &time.waits else {
+        // Without the reasons, the four states.
+        return format!(
+            "on-cpu {} · run-queue {} · blocked i/o {} · sleep {}",
+            percent(time.on_cpu_seconds),
+            percent(time.runqueue_wait_seconds),
+            percent(time.blocked_io_seconds),
+            percent(time.sleep_seconds)
+        );
+    };
     let mut parts = vec![format!("on-cpu {}", percent(time.on_cpu_seconds))];
-    let mut reasons: Vec<(&str, f64)> = time
-        .waits
+    let mut reasons: Vec<(&str, f64)> = waits
         .iter()
         .map(|(name, wait)| (*name, wait.seconds))
         .filter(|(_, seconds)| *seconds > 0.0)

@@ -55,7 +55,7 @@ pub fn render(interval: &Interval, limit: usize) -> String {
             worker.cpu_cores(),
             per_cpu(worker),
             breakdown(worker, measured.delays),
-            if measured.delays {
+            if measured.waits {
                 top_reasons(worker)
             } else {
                 NOT_MEASURED.into()

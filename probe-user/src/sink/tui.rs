@@ -291,7 +291,13 @@ pub fn render(frame: &mut Frame, interval: &Interval, view: &TopView) {
         header,
     );
     render_table(frame, table, &rows, view, interval.measured);
-    render_detail(frame, detail, selected, interval.measured, &view.endpoint_namer);
+    render_detail(
+        frame,
+        detail,
+        selected,
+        interval.measured,
+        &view.endpoint_namer,
+    );
     frame.render_widget(
         Paragraph::new(Line::from(key_help(view)).reversed()),
         footer,

@@ -198,7 +198,9 @@ fn fetch(store: &str, requests: u64, bytes: u64, peer: &str, upload: u64) {
         stream.write_all(&payload[..n]).expect("upload");
         peer_sent += n as u64;
     }
-    stream.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    stream
+        .shutdown(std::net::Shutdown::Write)
+        .expect("shutdown");
     let peer_received = read_to_end(&mut stream);
     println!(
         r#"{{"store_sent":{store_sent},"store_received":{store_received},"peer_sent":{peer_sent},"peer_received":{peer_received}}}"#
@@ -212,10 +214,15 @@ fn fanout(addrs: &[String], bytes: u64) {
         let mut stream = TcpStream::connect(addr.as_str()).expect("connect");
         stream.write_all(&payload).expect("send");
         sent += bytes;
-        stream.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        stream
+            .shutdown(std::net::Shutdown::Write)
+            .expect("shutdown");
         received += read_to_end(&mut stream);
     }
-    println!(r#"{{"sent_bytes":{sent},"received_bytes":{received},"peers":{}}}"#, addrs.len());
+    println!(
+        r#"{{"sent_bytes":{sent},"received_bytes":{received},"peers":{}}}"#,
+        addrs.len()
+    );
 }
 
 /// Set by the SIGUSR1 handler.

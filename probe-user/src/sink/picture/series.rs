@@ -43,7 +43,10 @@ fn wait_shares(
         return shares;
     }
     for (slot, name) in WAIT_NAMES.iter().enumerate() {
-        shares[slot] = time.waits.get(*name).map_or(0.0, |wait| share(wait.seconds));
+        shares[slot] = time
+            .waits
+            .get(*name)
+            .map_or(0.0, |wait| share(wait.seconds));
     }
     shares
 }
@@ -440,6 +443,7 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
                     net: all.net && run.net,
                     lifecycle: all.lifecycle && run.lifecycle,
                     endpoints: all.endpoints && run.endpoints,
+                    waits: all.waits && run.waits,
                 }
             },
         ),

@@ -715,7 +715,7 @@ mod tests {
             "bytes/s",
             "time since the first tick (s)",
             "w1",
-            "sleep",
+            "network",
         ] {
             assert!(svg.contains(text), "{text}");
         }
