@@ -223,7 +223,7 @@ fn account_endpoint(sock: *const u8, family: u16, current: task::Task, bytes: u6
         }
     }
     let (wait_ns, waits) = claim_network_wait(current);
-    let stats = match ENDPOINTS.get_ptr_mut(&key) {
+    let stats = match ENDPOINTS.get_ptr_mut(key) {
         Some(stats) => stats,
         None => match first_use(&mut key) {
             Some(stats) => stats,
@@ -267,10 +267,10 @@ fn claim_network_wait(current: task::Task) -> (u64, u64) {
 #[inline(never)]
 fn first_use(key: &mut EndpointKey) -> Option<*mut EndpointStats> {
     let cgroup_id = key.cgroup_id;
-    if ENDPOINT_COUNTS.get_ptr_mut(&cgroup_id).is_none() {
-        let _ = ENDPOINT_COUNTS.insert(&cgroup_id, &0u64, BPF_NOEXIST);
+    if ENDPOINT_COUNTS.get_ptr_mut(cgroup_id).is_none() {
+        let _ = ENDPOINT_COUNTS.insert(cgroup_id, 0u64, BPF_NOEXIST);
     }
-    let count = ENDPOINT_COUNTS.get_ptr_mut(&cgroup_id)?;
+    let count = ENDPOINT_COUNTS.get_ptr_mut(cgroup_id)?;
     // SAFETY: a shared value; racing CPUs may let a worker pass its bound by one or two.
     if unsafe { core::ptr::read_volatile(count) } >= u64::from(ENDPOINTS_PER_WORKER.load()) {
         // Every call beyond the bound is counted, and charged to the worker's `other` peer.
@@ -278,7 +278,7 @@ fn first_use(key: &mut EndpointKey) -> Option<*mut EndpointStats> {
         key.addr = [0; 16];
         key.port = 0;
         key.family = ENDPOINT_OTHER;
-        if let Some(stats) = ENDPOINTS.get_ptr_mut(&*key) {
+        if let Some(stats) = ENDPOINTS.get_ptr_mut(*key) {
             return Some(stats);
         }
     } else {
@@ -286,8 +286,8 @@ fn first_use(key: &mut EndpointKey) -> Option<*mut EndpointStats> {
         // counting a new peer at once may count it once, letting one more in.
         unsafe { *count += 1 };
     }
-    let _ = ENDPOINTS.insert(&*key, &ZERO_ENDPOINT, BPF_NOEXIST);
-    ENDPOINTS.get_ptr_mut(&*key)
+    let _ = ENDPOINTS.insert(*key, ZERO_ENDPOINT, BPF_NOEXIST);
+    ENDPOINTS.get_ptr_mut(*key)
 }
 
 static ZERO_ENDPOINT: EndpointStats = EndpointStats {

@@ -892,6 +892,74 @@ mod tests {
     }
 
     #[test]
+    fn waits_by_reason_and_endpoints_by_group() {
+        use probe_common::{
+            net::{AF_INET, EndpointKey, EndpointStats},
+            wait::WAIT_NETWORK,
+        };
+        let mut series = worker("/job");
+        series.counters.cpu_per_cpu[0].wait_ns[WAIT_NETWORK as usize] = 250_000_000;
+        let peer = |last: u8, sent_bytes| crate::model::endpoints::EndpointDelta {
+            key: EndpointKey {
+                addr: [10, 0, 0, last, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                port: 9000,
+                family: AF_INET,
+                ..EndpointKey::default()
+            },
+            stats: EndpointStats {
+                sent_bytes,
+                wait_ns: 1_000_000_000,
+                ..EndpointStats::default()
+            },
+        };
+        series.counters.endpoints = vec![peer(1, 10), peer(2, 20), peer(3, 5)];
+        let labels = |raw_addresses| EndpointLabels {
+            namer: crate::model::endpoints::EndpointNamer::new(vec![
+                crate::model::endpoints::parse_rule("store=10.0.0.0/31").unwrap(),
+            ]),
+            raw_addresses,
+        };
+        let mut e = Exposition {
+            measured: Measured::default(),
+            workers: vec![series],
+            endpoint_labels: labels(false),
+            ..Exposition::default()
+        };
+        let text = render(&Arc::new(e.clone()), Format::Text).expect("render");
+        lint(&text);
+        let job = ("worker", "/job");
+        assert_eq!(
+            value(
+                &text,
+                "workerprobe_wait_seconds_total",
+                &[job, ("reason", "network")]
+            ),
+            0.25
+        );
+        let sent = |text: &str, endpoint| {
+            value(
+                text,
+                "workerprobe_endpoint_bytes_total",
+                &[job, ("endpoint", endpoint), ("direction", "sent")],
+            )
+        };
+        // 10.0.0.1 is in the store's /31 (10.0.0.0–1); the others are unnamed, summed.
+        assert_eq!(sent(&text, "store"), 10.0);
+        assert_eq!(sent(&text, "unnamed"), 25.0);
+        assert_eq!(
+            value(
+                &text,
+                "workerprobe_endpoint_wait_seconds_total",
+                &[job, ("endpoint", "unnamed")]
+            ),
+            2.0
+        );
+        e.endpoint_labels = labels(true);
+        let raw = render(&Arc::new(e), Format::Text).expect("render");
+        assert_eq!(sent(&raw, "10.0.0.2:9000"), 20.0);
+    }
+
+    #[test]
     fn values_are_cumulative_counters_in_base_units() {
         let text = render(&exposition(), Format::Text).expect("render");
         let nginx = ("worker", "/system.slice/nginx.service");
