@@ -324,7 +324,9 @@ fn insert_first_slice<const DELAYS: bool, const WAITS: bool>(
     voluntary: bool,
 ) {
     // Insert zeros, then add: the value is too large to build on the BPF stack.
-    let _ = CPU_STATS.insert(cgroup_id, ZERO_STATS, BPF_NOEXIST);
+    // By reference: a copy on the stack would take most of its 512 bytes.
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    let _ = CPU_STATS.insert(cgroup_id, &ZERO_STATS, BPF_NOEXIST);
     // Another CPU may have inserted the same cgroup a moment ago: either way, add to it.
     if let Some(stats) = CPU_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: as above.

@@ -388,10 +388,19 @@ struct Refused(String);
 fn attach(ebpf: &mut Ebpf, btf: &Btf, planned: &PlannedProgram) -> Result<LinkId, Refused> {
     let refused = |what: &str| {
         Refused(format!(
-            "the kernel refused to {what} the {} program on {}",
+            "a kernel that lets it {what} its {} program on {}, which this one refused (WORKERPROBE_DEBUG=1 shows the kernel's reason)",
             planned.attach.kind(),
             planned.attach.target()
         ))
+    };
+    // The kernel's own words (the verifier's log) only on request: they are for bug reports,
+    // not for users.
+    let debug = std::env::var_os("WORKERPROBE_DEBUG").is_some();
+    let refused_because = |what: &str, err: aya::programs::ProgramError| {
+        if debug {
+            eprintln!("workerprobe: debug: {} {what}: {err:?}", planned.program);
+        }
+        refused(what)
     };
     let program = ebpf
         .program_mut(planned.program)
@@ -399,19 +408,23 @@ fn attach(ebpf: &mut Ebpf, btf: &Btf, planned: &PlannedProgram) -> Result<LinkId
     match planned.attach {
         Attach::TpBtf(tracepoint) => {
             let program: &mut BtfTracePoint = program.try_into().map_err(|_| refused("find"))?;
-            program.load(tracepoint, btf).map_err(|_| refused("load"))?;
+            program
+                .load(tracepoint, btf)
+                .map_err(|err| refused_because("load", err))?;
             program
                 .attach()
                 .map(LinkId::TpBtf)
-                .map_err(|_| refused("attach"))
+                .map_err(|err| refused_because("attach", err))
         }
         Attach::FExit(function) => {
             let program: &mut FExit = program.try_into().map_err(|_| refused("find"))?;
-            program.load(function, btf).map_err(|_| refused("load"))?;
+            program
+                .load(function, btf)
+                .map_err(|err| refused_because("load", err))?;
             program
                 .attach()
                 .map(LinkId::FExit)
-                .map_err(|_| refused("attach"))
+                .map_err(|err| refused_because("attach", err))
         }
     }
 }

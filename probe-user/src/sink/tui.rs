@@ -335,13 +335,14 @@ fn header_line(interval: &Interval, view: &TopView, shown: usize) -> Line<'stati
 }
 
 /// Column titles and widths of the worker table (the first, WORKER, takes what is left).
-const COLUMNS: [(&str, u16); 11] = [
+const COLUMNS: [(&str, u16); 12] = [
     ("WORKER", 0),
     ("CORES", 6),
     ("CPU%", 6),
     ("RUNQ%", 6),
     ("IO%", 6),
     ("SLEEP%", 7),
+    ("WAITING ON", 20),
     ("SEND/s", 11),
     ("RECV/s", 11),
     ("CPU-TOTAL", 10),
@@ -397,6 +398,11 @@ fn render_table(
             delay(delays.runqueue_wait_ns),
             delay(delays.blocked_io_ns),
             delay(delays.sleep_ns),
+            if measured.waits {
+                super::table::top_reasons(worker)
+            } else {
+                NOT_MEASURED.into()
+            },
             net(format!(
                 "{}/s",
                 bytes(worker.sent_bytes_per_second() as u64)

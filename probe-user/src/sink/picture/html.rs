@@ -171,12 +171,38 @@ pub fn render(picture: &Picture, svg: &str) -> String {
                 "run-queue s",
                 "blocked I/O s",
                 "sleep s",
+                "waiting on",
                 "sent",
                 "received",
                 "peak memory",
             ],
             &rows,
         );
+        let endpoint_rows: Vec<Vec<Cell>> = exits
+            .iter()
+            .flat_map(|exit| {
+                let endpoints = exit.summary.get("endpoints").and_then(|e| e.as_array());
+                endpoints.into_iter().flatten().map(move |endpoint| {
+                    vec![
+                        text(&exit.name),
+                        text(endpoint["endpoint"].as_str().unwrap_or("?")),
+                        bytes(endpoint["sent_bytes"].as_u64()),
+                        bytes(endpoint["received_bytes"].as_u64()),
+                        seconds(endpoint["wait_seconds"].as_f64()),
+                    ]
+                })
+            })
+            .collect();
+        if !endpoint_rows.is_empty() {
+            page.push_str("<h2>Remote endpoints</h2>\n");
+            page.push_str("<p class=\"note\">Per ended worker and remote endpoint (named by the recorder's <code>--endpoint</code> rules): payload bytes, and how long its sockets' calls slept.</p>\n");
+            table(
+                &mut page,
+                "endpoints",
+                &["worker", "endpoint", "sent", "received", "waited s"],
+                &endpoint_rows,
+            );
+        }
     }
 
     page.push_str("<h2>Every worker in the window</h2>\n");
@@ -237,10 +263,33 @@ fn exit_cells(exit: &ExitRow) -> Vec<Cell> {
         seconds(exit.runqueue_wait_seconds),
         seconds(exit.blocked_io_seconds),
         seconds(exit.sleep_seconds),
+        text(&top_waits(&exit.summary)),
         bytes(exit.sent_bytes),
         bytes(exit.received_bytes),
         bytes(exit.peak_memory_bytes),
     ]
+}
+
+/// The two longest wait reasons of an exit summary, e.g. `network 1.2s, disk 0.1s`.
+fn top_waits(summary: &serde_json::Map<String, serde_json::Value>) -> String {
+    let Some(waits) = summary
+        .get("time")
+        .and_then(|time| time.get("waits"))
+        .and_then(|waits| waits.as_object())
+    else {
+        return "n/a".into();
+    };
+    let mut reasons: Vec<(&String, f64)> = waits
+        .iter()
+        .filter_map(|(name, wait)| Some((name, wait["seconds"].as_f64()?)))
+        .collect();
+    reasons.sort_by(|a, b| b.1.total_cmp(&a.1));
+    reasons
+        .iter()
+        .take(2)
+        .map(|(name, seconds)| format!("{name} {}s", format_seconds(*seconds)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn table(page: &mut String, id: &str, headers: &[&str], rows: &[Vec<Cell>]) {
