@@ -62,6 +62,11 @@ pub struct CpuStats {
     pub wait_ns: [u64; WAIT_REASONS],
     /// Sleeps by wait reason.
     pub waits: [u64; WAIT_REASONS],
+    /// User-mode time the kernel's tick sampling charged the threads (`task_struct.utime`
+    /// deltas): the user/system split of `on_cpu_ns`, not a time of its own.
+    pub user_tick_ns: u64,
+    /// Kernel-mode time by tick sampling (`task_struct.stime` deltas).
+    pub system_tick_ns: u64,
 }
 
 /// Buckets of the run-queue wait histogram: a power of two, so the programs can bound an
@@ -90,7 +95,7 @@ pub fn runq_bucket_upper_ns(bucket: usize) -> u64 {
 }
 
 const _: () =
-    assert!(core::mem::size_of::<CpuStats>() == 8 * (7 + RUNQ_BUCKETS + 2 * WAIT_REASONS));
+    assert!(core::mem::size_of::<CpuStats>() == 8 * (9 + RUNQ_BUCKETS + 2 * WAIT_REASONS));
 
 #[cfg(feature = "user")]
 // SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.

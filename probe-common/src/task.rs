@@ -26,6 +26,10 @@ pub const CGROUP_ROOT_HIERARCHY_ID_OFFSET_GLOBAL: &str = "CGROUP_ROOT_HIERARCHY_
 /// Global: `offsetof(struct kernfs_node, id)`.
 pub const KERNFS_NODE_ID_OFFSET_GLOBAL: &str = "KERNFS_NODE_ID_OFFSET";
 
+/// Global: `offsetof(struct task_struct, utime)` (tick-sampled user time, ns).
+pub const UTIME_OFFSET_GLOBAL: &str = "TASK_UTIME_OFFSET";
+/// Global: `offsetof(struct task_struct, stime)` (tick-sampled system time, ns).
+pub const STIME_OFFSET_GLOBAL: &str = "TASK_STIME_OFFSET";
 /// Global: `offsetof(struct task_struct, flags)` (PF_KTHREAD tells kernel threads).
 pub const FLAGS_OFFSET_GLOBAL: &str = "TASK_FLAGS_OFFSET";
 /// Global: `offsetof(struct task_struct, files)`.
@@ -90,6 +94,10 @@ pub struct TaskOffsets {
     pub cgroup_root: u32,
     /// `cgroup_root.hierarchy_id`.
     pub cgroup_root_hierarchy_id: u32,
+    /// `task_struct.utime`.
+    pub utime: u32,
+    /// `task_struct.stime`.
+    pub stime: u32,
 }
 
 /// Offsets in `task_struct.sched_info`, the scheduler's own run-queue accounting (rq clock).

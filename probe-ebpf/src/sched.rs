@@ -134,6 +134,7 @@ fn on_wakeup(task: Task) {
 #[inline(always)]
 fn start_account(state: &mut TaskState, task: Task) {
     state.accounted_runtime_ns = task::sum_exec_runtime_ns(task);
+    (state.accounted_utime_ns, state.accounted_stime_ns) = task::utime_stime_ns(task);
     state.accounted_run_delay_ns = task::run_delay_ns(task);
     state.accounted_arrivals = task::arrivals(task);
     state.state = RUNNING;
@@ -187,6 +188,11 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
             // It came in at this CPU's last switch (new, or running since before it had
             // state): its slice started then.
             state.accounted_runtime_ns = since.next_accounted_runtime_ns;
+            if since.next_accounted_runtime_ns == 0 {
+                // A new thread: its sampled times were zero at switch-in too.
+                state.accounted_utime_ns = 0;
+                state.accounted_stime_ns = 0;
+            }
         } else {
             // Its switch-in was not seen: its account starts now.
             if DELAYS {
@@ -280,6 +286,12 @@ fn add_slice<const DELAYS: bool, const WAITS: bool>(
     voluntary: bool,
 ) {
     stats.on_cpu_ns += slice_ns;
+    // The tick-sampled split of the slices, scaled to their precise length in user space.
+    let (utime, stime) = task::utime_stime_ns(prev);
+    stats.user_tick_ns += utime.saturating_sub(state.accounted_utime_ns);
+    stats.system_tick_ns += stime.saturating_sub(state.accounted_stime_ns);
+    state.accounted_utime_ns = utime;
+    state.accounted_stime_ns = stime;
     if voluntary {
         stats.voluntary_switches += 1;
     } else {
@@ -348,4 +360,6 @@ static ZERO_STATS: CpuStats = CpuStats {
     runqueue_wait_hist: [0; RUNQ_BUCKETS],
     wait_ns: [0; WAIT_REASONS],
     waits: [0; WAIT_REASONS],
+    user_tick_ns: 0,
+    system_tick_ns: 0,
 };

@@ -42,6 +42,10 @@ static CGROUP_ROOT_HIERARCHY_ID_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static TASK_FLAGS_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static TASK_UTIME_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_STIME_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static TASK_FILES_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static FILES_FDT_OFFSET: Global<u32> = Global::new(0);
@@ -76,6 +80,18 @@ unsafe fn field<T: Copy>(base: *const u8, offset: u32) -> T {
 pub fn sum_exec_runtime_ns(task: Task) -> u64 {
     // SAFETY: task pointer from a tracepoint; offset from BTF.
     unsafe { field(task, TASK_SUM_EXEC_RUNTIME_OFFSET.load()) }
+}
+
+/// User and system time the kernel's tick sampling has charged the task (`utime`, `stime`).
+#[inline(always)]
+pub fn utime_stime_ns(task: Task) -> (u64, u64) {
+    // SAFETY: task pointer from a tracepoint; offsets from BTF.
+    unsafe {
+        (
+            field(task, TASK_UTIME_OFFSET.load()),
+            field(task, TASK_STIME_OFFSET.load()),
+        )
+    }
 }
 
 /// Thread id (`pid`); 0 for the idle tasks.
@@ -220,6 +236,10 @@ pub struct TaskState {
     pub accounted_runtime_ns: u64,
     /// How much of its `sched_info.run_delay` is already in `CPU_STATS`.
     pub accounted_run_delay_ns: u64,
+    /// How much of its `utime` is already in `CPU_STATS`.
+    pub accounted_utime_ns: u64,
+    /// How much of its `stime` is already in `CPU_STATS`.
+    pub accounted_stime_ns: u64,
     /// Its `sched_info.pcount` when last accounted.
     pub accounted_arrivals: u64,
     /// rq clock when it last went to sleep (`BLOCKED_IO` or `SLEEPING`).

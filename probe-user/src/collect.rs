@@ -52,7 +52,6 @@ pub struct KernelCollector {
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
     reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
     cgroups: CgroupIndex,
-    read_cpu_stat: bool,
     /// Possible CPUs: every worker gets one per-CPU entry for each.
     cpus: usize,
     /// What the attached programs measure; every sample says so.
@@ -62,13 +61,8 @@ pub struct KernelCollector {
 }
 
 impl KernelCollector {
-    /// Takes the maps out of `probe`. With `read_cpu_stat`, each sample also reads every
-    /// worker's `cpu.stat` (the kernel's user/system split).
-    pub fn new(
-        mut probe: Probe,
-        cgroups: CgroupIndex,
-        read_cpu_stat: bool,
-    ) -> anyhow::Result<Self> {
+    /// Takes the maps out of `probe`.
+    pub fn new(mut probe: Probe, cgroups: CgroupIndex) -> anyhow::Result<Self> {
         let mut take = |name: &str| {
             probe
                 .take_map(name)
@@ -101,7 +95,6 @@ impl KernelCollector {
             endpoint_counts,
             drops,
             cgroups,
-            read_cpu_stat,
             cpus: aya::util::nr_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?,
             _probe: probe,
         })
@@ -138,24 +131,11 @@ impl Source for KernelCollector {
                 worker.endpoints.push(sum_endpoint(key, &per_cpu));
             }
         }
-        if self.read_cpu_stat {
-            // Every cgroup gets a cpu.stat baseline, active or not, so that a worker whose
-            // first activity comes later is measured from this sample, not from its birth.
-            self.cgroups.rescan();
-            for (cgroup_id, _) in self.cgroups.known() {
-                sample.workers.entry(cgroup_id).or_default();
-            }
-        }
         let paths = self.cgroups.resolve_all(sample.workers.keys().copied());
         for (cgroup_id, worker) in sample.workers.iter_mut() {
             worker.path = paths.get(cgroup_id).cloned();
             // Workers seen only in the network map still get one entry per CPU.
             worker.cpu_per_cpu.resize(self.cpus, CpuStats::default());
-            if self.read_cpu_stat
-                && let Some(path) = &worker.path
-            {
-                worker.cpu_stat = cgroup::read_cpu_stat(&self.cgroups.dir_of(path));
-            }
         }
         self.add_running_slices(&mut sample, running);
         self.never_go_backwards(&mut sample);

@@ -26,7 +26,7 @@ pub fn require_root() {
     );
 }
 
-/// Loads and attaches the programs and returns a collector that reads cpu.stat too.
+/// Loads and attaches the programs and returns a collector over their maps.
 ///
 /// `WP_TEST_NET_ATTACH=fexit` (or `tracepoint`) forces the socket variant, so the VM matrix
 /// checks both on a kernel that has both.
@@ -49,7 +49,7 @@ pub fn collector() -> KernelCollector {
             "the forced socket variant cannot run here"
         );
     }
-    KernelCollector::new(probe, CgroupIndex::new(mount), true).expect("collector")
+    KernelCollector::new(probe, CgroupIndex::new(mount)).expect("collector")
 }
 
 /// A cgroup made for one test, removed (after its processes are gone) on drop.

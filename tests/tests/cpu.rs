@@ -157,3 +157,57 @@ fn a_thread_that_never_leaves_its_cpu_is_counted_while_it_runs() {
         "live spinner off by more than 1% + the reads' gaps: ours {ours}, kernel {kernel}"
     );
 }
+
+/// User and system time: the kernel's tick-sampled split of the same slices, scaled to
+/// their total, so user + system = CPU; against the process's own rusage and its cgroup's
+/// cpu.stat (both the kernel's adjusted split too).
+#[test]
+fn user_and_system_add_up_and_match_rusage_and_cpu_stat() {
+    let mut collector = collector();
+    let worker = TestCgroup::new("cpu-mix");
+    let before = collector.sample().expect("sample");
+    let rusage = workerprobe_tests::wait_json(worker.spawn_workload(&["cpu-mix", "1200"]));
+    let after = collector.sample().expect("sample");
+    let kernel = worker.cpu_stat();
+    let stats = workerprobe::model::diff(Some(&before), &after)
+        .workers
+        .into_iter()
+        .find(|w| w.cgroup_id == worker.id)
+        .expect("worker seen");
+    let (user, system) = (
+        stats.cpu_user_ns.expect("user"),
+        stats.cpu_system_ns.expect("system"),
+    );
+    let (utime, stime) = (
+        workerprobe_tests::field(&rusage, "utime_ns"),
+        workerprobe_tests::field(&rusage, "stime_ns"),
+    );
+    eprintln!(
+        "ours user {user} system {system} (cpu {}); rusage user {utime} system {stime}; cpu.stat user {} system {} usage {}",
+        stats.cpu_ns(),
+        kernel.user_usec * 1_000,
+        kernel.system_usec * 1_000,
+        kernel.usage_usec * 1_000
+    );
+    assert_eq!(
+        user + system,
+        stats.cpu_ns(),
+        "user + system is the CPU time"
+    );
+    // Both halves are real: the workload spent about half of its time in each mode.
+    assert!(user > stats.cpu_ns() / 5 && system > stats.cpu_ns() / 5);
+    // The same split as the kernel's own, within a few ticks (the process's rusage is taken
+    // just before it exits; cpu.stat also holds exec's start-up).
+    let tolerance = stats.cpu_ns() / 50 + 20_000_000;
+    for (what, ours, theirs) in [
+        ("rusage user", user, utime),
+        ("rusage system", system, stime),
+        ("cpu.stat user", user, kernel.user_usec * 1_000),
+        ("cpu.stat system", system, kernel.system_usec * 1_000),
+    ] {
+        assert!(
+            ours.abs_diff(theirs) <= tolerance,
+            "{what}: ours {ours} ns, the kernel's {theirs} ns"
+        );
+    }
+}

@@ -116,7 +116,7 @@ pub fn exec(args: &ExecArgs) -> anyhow::Result<u8> {
     let leaf = format!("exec-{}-{name}", std::process::id());
     let cgroups = ExecCgroups::make(&mount, memory_reader.v1_memory_mount(), &leaf)?;
     let cgroup_id = cgroup::cgroup_id(&cgroups.v2).context("reading the new cgroup's id")?;
-    let mut collector = KernelCollector::new(probe, CgroupIndex::new(mount.clone()), false)?;
+    let mut collector = KernelCollector::new(probe, CgroupIndex::new(mount.clone()))?;
 
     let started = Timestamp::now();
     let mut command = Command::new(program);

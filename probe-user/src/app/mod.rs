@@ -37,10 +37,7 @@ pub fn loaded_max_workers() -> u32 {
 }
 
 /// Loads and attaches the programs and returns a collector over their maps.
-pub fn start_collector(
-    probe_args: &ProbeArgs,
-    read_cpu_stat: bool,
-) -> anyhow::Result<KernelCollector> {
+pub fn start_collector(probe_args: &ProbeArgs) -> anyhow::Result<KernelCollector> {
     let probe = probe_args;
     LOADED_MAX_WORKERS.store(probe.max_workers, std::sync::atomic::Ordering::Relaxed);
     // Find cgroup2 first: without it no number can be attributed to a worker.
@@ -49,7 +46,7 @@ pub fn start_collector(
     let account = probe_user_account(probe_args.user.as_deref())?;
     let probe = loader::open(&probe.load_options(), probe_args.pin.as_deref())?;
     tell_notes(&probe);
-    let collector = KernelCollector::new(probe, CgroupIndex::new(mount), read_cpu_stat)?;
+    let collector = KernelCollector::new(probe, CgroupIndex::new(mount))?;
     if let Some(account) = account {
         crate::privileges::drop_to(account)?;
     }
@@ -82,8 +79,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
     let selection = Selection::new(&args.workers.patterns)?;
     // The watcher frees removed workers' map entries (their summaries are not shown here).
     let mut collector =
-        watch::Watcher::new(start_collector(&args.probe, false)?, selection.clone())
-            .without_memory();
+        watch::Watcher::new(start_collector(&args.probe)?, selection.clone()).without_memory();
     let mut previous = collector.sample()?;
     let mut ticker = tokio::time::interval(args.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -166,7 +162,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
 /// `workerprobe snapshot`.
 pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
     let selection = Selection::new(&args.workers.patterns)?;
-    let mut collector = start_collector(&args.probe, true)?;
+    let mut collector = start_collector(&args.probe)?;
     let start = collector.sample()?;
     // On stderr, so stdout stays one clean document; also tells scripts the window has begun.
     crate::say!(

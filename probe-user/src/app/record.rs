@@ -39,7 +39,7 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
     let rotate_bytes = args.rotate_mb.map(|mb| mb.saturating_mul(1024 * 1024));
     // Opened before the programs are loaded, so a path that cannot be written is told first.
     let mut writer = RecordingWriter::open(&args.out, rotate_bytes)?;
-    let collector = super::start_collector(&args.probe, true)?;
+    let collector = super::start_collector(&args.probe)?;
     let namer = args.probe.endpoint_namer();
     let mut watcher = Watcher::new(collector, selection.clone()).with_endpoint_namer(namer.clone());
     let mut previous = watcher.sample()?;

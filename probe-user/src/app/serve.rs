@@ -49,7 +49,7 @@ pub async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let selection = Selection::new(&args.workers.patterns)?;
     // Bind first: a wrong address is told before anything is loaded into the kernel.
     let listener = bind(args.listen).await?;
-    let collector = super::start_collector(&args.probe, true)?;
+    let collector = super::start_collector(&args.probe)?;
     let measured = collector.measured();
     let mut collection = Collection::new(
         Watcher::new(collector, selection).with_endpoint_namer(args.probe.endpoint_namer()),
@@ -432,6 +432,8 @@ fn max_cpu(a: &CpuStats, b: &CpuStats) -> CpuStats {
         runqueue_wait_hist: hist,
         wait_ns: std::array::from_fn(|r| a.wait_ns[r].max(b.wait_ns[r])),
         waits: std::array::from_fn(|r| a.waits[r].max(b.waits[r])),
+        user_tick_ns: a.user_tick_ns.max(b.user_tick_ns),
+        system_tick_ns: a.system_tick_ns.max(b.system_tick_ns),
     }
 }
 

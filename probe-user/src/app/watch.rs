@@ -225,7 +225,7 @@ impl Watcher {
 /// `workerprobe watch`.
 pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
     let selection = Selection::new(&args.workers.patterns)?;
-    let collector = super::start_collector(&args.probe, true)?;
+    let collector = super::start_collector(&args.probe)?;
     let mut watcher =
         Watcher::new(collector, selection).with_endpoint_namer(args.probe.endpoint_namer());
     let mut stdout = std::io::stdout().lock();

@@ -53,6 +53,8 @@ pub fn task_offsets(btf: &Btf) -> anyhow::Result<TaskOffsets> {
         kernfs_node_id: member_offset(btf, "kernfs_node", &["id"])?,
         cgroup_root: member_offset(btf, "cgroup", &["root"])?,
         cgroup_root_hierarchy_id: member_offset(btf, "cgroup_root", &["hierarchy_id"])?,
+        utime: member_offset(btf, "task_struct", &["utime"])?,
+        stime: member_offset(btf, "task_struct", &["stime"])?,
     })
 }
 

@@ -13,4 +13,4 @@ pub use sample::{
     CpuStatUsec, Drops, LifecycleEvent, Measured, MemoryReading, MemorySource, Sample,
     WorkerCounters,
 };
-pub use stats::{Delays, FamilyDelta, Interval, WorkerStats, diff, totals};
+pub use stats::{Delays, FamilyDelta, Interval, WorkerStats, diff, split_user_system, totals};

@@ -6,7 +6,7 @@ use probe_common::{
     wait::{WAIT_NAMES, WAIT_REASONS},
 };
 
-use super::sample::{CpuStatUsec, Sample, WorkerCounters};
+use super::sample::{Sample, WorkerCounters};
 use crate::clock::Timestamp;
 
 /// Socket traffic of one family over an interval.
@@ -31,10 +31,16 @@ pub struct WorkerStats {
     pub delays: Delays,
     /// Socket traffic per family in the interval (`probe_common::net::FAMILY_*` order).
     pub net: [FamilyDelta; FAMILY_COUNT],
-    /// User-mode nanoseconds from `cpu.stat`, when both samples read it.
+    /// User-mode part of the on-CPU time: the kernel's tick-sampled user/system split of the
+    /// same slices, scaled to their precise total (as the kernel's `cputime_adjust` does), so
+    /// user + system = on-CPU time. `None` when no CPU was measured.
     pub cpu_user_ns: Option<u64>,
-    /// Kernel-mode nanoseconds from `cpu.stat`, when both samples read it.
+    /// Kernel-mode part of the on-CPU time (see `cpu_user_ns`).
     pub cpu_system_ns: Option<u64>,
+    /// The tick-sampled user time behind that split, ns.
+    pub user_tick_ns: u64,
+    /// The tick-sampled system time behind it, ns.
+    pub system_tick_ns: u64,
     /// On-CPU nanoseconds since load.
     pub total_cpu_ns: u64,
     /// Bytes sent since load.
@@ -280,6 +286,7 @@ fn worker_delta(
     // A worker whose counters went backwards was freed and re-made: count it from zero.
     let before = before.filter(|before| counters_grew(before, now));
     let cpu_before = |cpu: usize| before.and_then(|b| b.cpu_per_cpu.get(cpu)).copied();
+    let (mut user_ticks, mut system_ticks) = (0u64, 0u64);
     let mut stats = WorkerStats {
         cgroup_id,
         path: now.path.clone(),
@@ -295,6 +302,8 @@ fn worker_delta(
             .cpu_ns_per_cpu
             .push(counters.on_cpu_ns - base.on_cpu_ns);
         stats.voluntary_switches += counters.voluntary_switches - base.voluntary_switches;
+        user_ticks += counters.user_tick_ns.saturating_sub(base.user_tick_ns);
+        system_ticks += counters.system_tick_ns.saturating_sub(base.system_tick_ns);
         stats.involuntary_switches += counters.involuntary_switches - base.involuntary_switches;
         let delays = &mut stats.delays;
         delays.runqueue_wait_ns += counters
@@ -339,27 +348,27 @@ fn worker_delta(
             });
         }
     }
-    // A worker absent from `previous` did not exist then (cpu.stat is read for every cgroup),
-    // so its whole cpu.stat falls in the interval.
-    let cpu_stat_before = match before {
-        Some(before) => before.cpu_stat,
-        None => Some(CpuStatUsec::default()),
-    };
-    if let (Some(then), Some(now)) = (cpu_stat_before, now.cpu_stat) {
-        stats.cpu_user_ns = usec_delta_ns(then, now, |stat| stat.user_usec);
-        stats.cpu_system_ns = usec_delta_ns(then, now, |stat| stat.system_usec);
-    }
+    let (user_ns, system_ns) = split_user_system(stats.cpu_ns(), user_ticks, system_ticks);
+    stats.cpu_user_ns = Some(user_ns);
+    stats.cpu_system_ns = Some(system_ns);
+    stats.user_tick_ns = user_ticks;
+    stats.system_tick_ns = system_ticks;
     stats
 }
 
-fn usec_delta_ns(
-    then: CpuStatUsec,
-    now: CpuStatUsec,
-    field: fn(&CpuStatUsec) -> u64,
-) -> Option<u64> {
-    field(&now)
-        .checked_sub(field(&then))
-        .map(|usec| usec * 1_000)
+/// Splits `cpu_ns` into user and system time in the proportion of the tick-sampled times,
+/// as the kernel's `cputime_adjust` does: with no system ticks (or no ticks at all, a life
+/// shorter than a tick) it is all user; with no user ticks, all system.
+pub fn split_user_system(cpu_ns: u64, user_ticks: u64, system_ticks: u64) -> (u64, u64) {
+    if system_ticks == 0 {
+        return (cpu_ns, 0);
+    }
+    if user_ticks == 0 {
+        return (0, cpu_ns);
+    }
+    let user = (u128::from(cpu_ns) * u128::from(user_ticks)
+        / (u128::from(user_ticks) + u128::from(system_ticks))) as u64;
+    (user, cpu_ns - user)
 }
 
 /// Whether every counter in `now` is at least its value in `before`.
@@ -385,6 +394,23 @@ fn counters_grew(before: &WorkerCounters, now: &WorkerCounters) -> bool {
                 && n.received_calls >= b.received_calls
         });
     cpu_ok && net_ok && before.cpu_per_cpu.len() <= now.cpu_per_cpu.len()
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::split_user_system;
+
+    #[test]
+    fn splits_like_the_kernels_cputime_adjust() {
+        assert_eq!(split_user_system(900, 2, 1), (600, 300));
+        // No ticks (a life under one) or no system ticks: all user; no user ticks: system.
+        assert_eq!(split_user_system(900, 0, 0), (900, 0));
+        assert_eq!(split_user_system(900, 5, 0), (900, 0));
+        assert_eq!(split_user_system(900, 0, 5), (0, 900));
+        // No overflow on long lives.
+        let (user, system) = split_user_system(u64::MAX / 2, u64::MAX / 3, u64::MAX / 3);
+        assert_eq!(user + system, u64::MAX / 2);
+    }
 }
 
 #[cfg(test)]

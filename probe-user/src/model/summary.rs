@@ -237,8 +237,15 @@ impl ExitSummary {
         let wall_ns = end_monotonic_ns.saturating_sub(record.started_at_monotonic_ns);
         let stats: WorkerStats = totals(record.cgroup_id, counters, wall_ns);
         let delays = &stats.delays;
-        let user_seconds = record.cpu_stat.map(|stat| stat.user_usec as f64 / 1e6);
-        let system_seconds = record.cpu_stat.map(|stat| stat.system_usec as f64 / 1e6);
+        // The same threads and slices as the total: user + system = total.
+        let user_seconds = measured
+            .cpu
+            .then(|| stats.cpu_user_ns.map(seconds))
+            .flatten();
+        let system_seconds = measured
+            .cpu
+            .then(|| stats.cpu_system_ns.map(seconds))
+            .flatten();
         let per_cpu_seconds: Vec<f64> =
             stats.cpu_ns_per_cpu.iter().map(|&ns| seconds(ns)).collect();
         let memory = record.memory.map(|reading| SummaryMemory {
@@ -379,6 +386,9 @@ mod tests {
                 CpuStats {
                     on_cpu_ns: 1_000_000_000,
                     voluntary_switches: 3,
+                    // Two user ticks to one system tick: 1.0 s user, 0.5 s system.
+                    user_tick_ns: 8_000_000,
+                    system_tick_ns: 4_000_000,
                     ..CpuStats::default()
                 },
                 CpuStats {

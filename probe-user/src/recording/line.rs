@@ -160,10 +160,17 @@ pub struct TickCpu {
     pub seconds: f64,
     /// On-CPU seconds per CPU, indexed by CPU number; sums to `seconds`.
     pub per_cpu_seconds: Vec<f64>,
-    /// User-mode seconds from the cgroup's cpu.stat; null when not read.
+    /// User-mode part of `seconds` (the kernel's tick-sampled split scaled to it, so user +
+    /// system = seconds); null when not measured.
     pub user_seconds: Option<f64>,
-    /// Kernel-mode seconds from the cgroup's cpu.stat; null when not read.
+    /// Kernel-mode part of `seconds`.
     pub system_seconds: Option<f64>,
+    /// The tick-sampled user time behind the split, ns (raw, for replay).
+    #[serde(default)]
+    pub user_tick_ns: u64,
+    /// The tick-sampled system time behind the split, ns.
+    #[serde(default)]
+    pub system_tick_ns: u64,
     /// Switches where a thread gave the CPU up.
     pub voluntary_switches: u64,
     /// Switches where a thread was preempted.
@@ -282,6 +289,12 @@ pub struct Totals {
     /// Sleeps by wait reason.
     #[serde(default)]
     pub waits: BTreeMap<String, u64>,
+    /// Tick-sampled user time, ns (the split of `on_cpu_ns`).
+    #[serde(default)]
+    pub user_tick_ns: u64,
+    /// Tick-sampled system time, ns.
+    #[serde(default)]
+    pub system_tick_ns: u64,
     /// Bytes sent, all families.
     pub sent_bytes: u64,
     /// Bytes received, all families.
@@ -409,6 +422,8 @@ impl TickLine {
             totals.blocked_io_ns += cpu.blocked_io_ns;
             totals.sleep_ns += cpu.sleep_ns;
             totals.wakeups += cpu.wakeups;
+            totals.user_tick_ns += cpu.user_tick_ns;
+            totals.system_tick_ns += cpu.system_tick_ns;
             for (sum, add) in hist.iter_mut().zip(cpu.runqueue_wait_hist.iter()) {
                 *sum += add;
             }
@@ -446,6 +461,8 @@ impl TickLine {
                 per_cpu_seconds: stats.cpu_ns_per_cpu.iter().map(|&ns| seconds(ns)).collect(),
                 user_seconds: stats.cpu_user_ns.map(seconds),
                 system_seconds: stats.cpu_system_ns.map(seconds),
+                user_tick_ns: stats.user_tick_ns,
+                system_tick_ns: stats.system_tick_ns,
                 voluntary_switches: stats.voluntary_switches,
                 involuntary_switches: stats.involuntary_switches,
             },
@@ -510,6 +527,8 @@ impl TickLine {
         first.blocked_io_ns = totals.blocked_io_ns;
         first.sleep_ns = totals.sleep_ns;
         first.wakeups = totals.wakeups;
+        first.user_tick_ns = totals.user_tick_ns;
+        first.system_tick_ns = totals.system_tick_ns;
         for (slot, &count) in first
             .runqueue_wait_hist
             .iter_mut()
@@ -565,6 +584,8 @@ impl TickLine {
             .saturating_sub(ns_of(time.blocked_io_seconds));
         first.sleep_ns = first.sleep_ns.saturating_sub(ns_of(time.sleep_seconds));
         first.wakeups = first.wakeups.saturating_sub(time.wakeups);
+        first.user_tick_ns = first.user_tick_ns.saturating_sub(self.cpu.user_tick_ns);
+        first.system_tick_ns = first.system_tick_ns.saturating_sub(self.cpu.system_tick_ns);
         for (slot, &count) in first
             .runqueue_wait_hist
             .iter_mut()

@@ -237,27 +237,34 @@ fn encode_exposition(e: &Exposition, encoder: &mut DescriptorEncoder) -> fmt::Re
             per_cpu,
         )?;
     }
-    let cpu_stat = |pick: fn(&crate::model::CpuStatUsec) -> u64| {
-        workers
-            .iter()
-            .filter_map(|w| {
-                let stat = w.counters.cpu_stat.as_ref()?;
-                Some((worker(w), pick(stat) as f64 / 1e6))
-            })
-            .collect::<Vec<_>>()
-    };
-    counter_family(
-        encoder,
-        "workerprobe_cpu_user_seconds",
-        "User-mode CPU time from the cgroup's cpu.stat (includes child cgroups).",
-        cpu_stat(|stat| stat.user_usec),
-    )?;
-    counter_family(
-        encoder,
-        "workerprobe_cpu_system_seconds",
-        "Kernel-mode CPU time from the cgroup's cpu.stat (includes child cgroups).",
-        cpu_stat(|stat| stat.system_usec),
-    )?;
+    if e.measured.cpu {
+        let split = |w: &WorkerSeries| {
+            let cpu = &w.counters.cpu_per_cpu;
+            crate::model::split_user_system(
+                cpu.iter().map(|c| c.on_cpu_ns).sum(),
+                cpu.iter().map(|c| c.user_tick_ns).sum(),
+                cpu.iter().map(|c| c.system_tick_ns).sum(),
+            )
+        };
+        counter_family(
+            encoder,
+            "workerprobe_cpu_user_seconds",
+            "User-mode part of the worker's own threads' CPU time (the kernel's tick-sampled split, scaled to workerprobe_cpu_seconds_total).",
+            workers
+                .iter()
+                .map(|w| (worker(w), seconds(split(w).0)))
+                .collect(),
+        )?;
+        counter_family(
+            encoder,
+            "workerprobe_cpu_system_seconds",
+            "Kernel-mode part of the worker's own threads' CPU time (user + system = workerprobe_cpu_seconds_total).",
+            workers
+                .iter()
+                .map(|w| (worker(w), seconds(split(w).1)))
+                .collect(),
+        )?;
+    }
     if e.measured.cpu {
         let mut switches = Vec::new();
         for w in workers {
@@ -679,6 +686,9 @@ mod tests {
             runqueue_wait_ns: 2_500,
             blocked_io_ns: 7_000_000,
             sleep_ns: 2_000_000_000,
+            // Ticks 34:1: the 1.75 s split 1.7 s user, 0.05 s system.
+            user_tick_ns: 136_000_000,
+            system_tick_ns: 4_000_000,
             ..CpuStats::default()
         };
         cpu0.runqueue_wait_hist[0] = 1; // 500 ns

@@ -31,6 +31,9 @@
 //!   line, one connection each), then sends UPLOAD bytes to PEER and reads its `ok`. Prints
 //!   the bytes it sent to and received from each.
 //! - `fanout ADDR… BYTES`: sends BYTES to each ADDR and reads its `ok`; prints the totals.
+//! - `cpu-mix MS`: one thread runs MS of CPU time, about half in user mode (a busy loop) and
+//!   half in the kernel (1-byte reads of /dev/zero); prints its own `getrusage` split
+//!   `{"utime_ns","stime_ns"}`.
 //! - `life MS`: one thread: spin MS of CPU time, nap 5 × MS/5, fsync 10 times in $WP_SCRATCH
 //!   (default /var/tmp).
 
@@ -62,6 +65,7 @@ fn main() {
             fsync(&scratch_dir(), 10);
         }
         "reasons" => reasons(arg(1), arg(2)),
+        "cpu-mix" => cpu_mix(num(arg(1))),
         "fetch" => fetch(arg(1), num(arg(2)), num(arg(3)), arg(4), num(arg(5))),
         "fanout" => fanout(&args[1..args.len() - 1], num(&args[args.len() - 1])),
         "nap" => {
@@ -222,6 +226,29 @@ fn fanout(addrs: &[String], bytes: u64) {
     println!(
         r#"{{"sent_bytes":{sent},"received_bytes":{received},"peers":{}}}"#,
         addrs.len()
+    );
+}
+
+fn cpu_mix(ms: u64) {
+    let half = Duration::from_millis(ms / 2);
+    spin_cpu(half);
+    let zero = std::fs::File::open("/dev/zero").expect("open /dev/zero");
+    let until = thread_cpu_time() + half;
+    let mut byte = [0u8; 1];
+    while thread_cpu_time() < until {
+        for _ in 0..1000 {
+            std::io::Read::read(&mut &zero, &mut byte).expect("read");
+        }
+    }
+    // SAFETY: a zeroed rusage is valid for getrusage to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid out pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    println!(
+        r#"{{"utime_ns":{},"stime_ns":{}}}"#,
+        ns(usage.ru_utime),
+        ns(usage.ru_stime)
     );
 }
 
