@@ -236,6 +236,11 @@ pub struct ExecArgs {
     /// Write the summary to this file instead of stderr.
     #[arg(long, value_name = "FILE", value_parser = parse_output_file)]
     pub output: Option<std::path::PathBuf>,
+    /// How long processes the command left behind (daemons, detached cleaners) may go on
+    /// after it exits; the worker ends when its cgroup is empty, and whatever is still there
+    /// then is named and killed. 0 kills them at once.
+    #[arg(long, default_value = "30s", value_parser = parse_linger)]
+    pub linger: Duration,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -405,13 +410,29 @@ pub struct SnapshotArgs {
 
 /// A duration like `1s`, `250ms` or `2m`, more than zero.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration = humantime::parse_duration(text).map_err(|err| {
-        format!("`{text}` is not a duration ({err}); write it like 1s, 250ms or 2m")
-    })?;
+    let duration = parse_duration_or_zero(text)?;
     if duration.is_zero() {
         return Err("the duration must be more than zero".into());
     }
     Ok(duration)
+}
+
+/// A duration that may be zero (`--linger 0`).
+pub fn parse_linger(text: &str) -> Result<Duration, String> {
+    parse_duration_or_zero(text)
+}
+
+/// A duration with a unit (`1s`, `250ms`, `2m`), or a bare number of seconds (`1`, `0.5`),
+/// as `top -d 1` and `vmstat 1` read it.
+fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
+    let bad = || {
+        format!("`{text}` is not a duration: write it like 1s, 250ms, 2m, or a number of seconds")
+    };
+    let trimmed = text.trim();
+    if let Ok(seconds) = trimmed.parse::<f64>() {
+        return Duration::try_from_secs_f64(seconds).map_err(|_| bad());
+    }
+    humantime::parse_duration(trimmed).map_err(|_| bad())
 }
 
 /// A refresh interval: a duration of at least 100 ms.
@@ -508,6 +529,12 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("fast").unwrap_err().contains("like 1s"));
+        // Bare numbers are seconds, as `top -d 1` reads them.
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("0.5"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("inf").is_err());
+        assert_eq!(parse_linger("0"), Ok(Duration::ZERO));
         assert!(parse_interval("10ms").is_err());
         assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
     }

@@ -6,12 +6,12 @@ use std::{
     path::Path,
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicUsize, Ordering},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use workerprobe::cgroup;
 use workerprobe_tests::{
-    TestCgroup, field, read_first_json_line, require_root, start_agent, wait_json,
+    TestCgroup, field, read_first_json_line, require_root, start_agent, temp_path, wait_json,
     workerprobe_path, workload_path,
 };
 
@@ -312,8 +312,19 @@ fn exec_reports_cpu_like_cpu_stat_and_exact_bytes() {
 fn exec_passes_exit_codes_and_signals_through() {
     require_root();
     let mount = cgroup::find_cgroup2_mount().expect("cgroup2");
+    // What an agent killed with SIGKILL leaves: the next exec removes it.
+    let mut gone = Command::new("true").spawn().expect("true");
+    let gone_pid = gone.id();
+    gone.wait().expect("true");
+    let abandoned = mount.join(format!("workerprobe/exec-{gone_pid}-abandoned"));
+    std::fs::create_dir_all(&abandoned).expect("make an abandoned exec cgroup");
     let (status, _, summary) = exec(&["true"]);
     assert_eq!(status.code(), Some(0));
+    assert!(
+        !abandoned.exists(),
+        "exec left {} behind",
+        abandoned.display()
+    );
     assert_eq!(summary["exec"]["exit_code"], 0);
     let (status, _, summary) = exec(&["sh", "-c", "exit 3"]);
     assert_eq!(status.code(), Some(3));
@@ -326,17 +337,120 @@ fn exec_passes_exit_codes_and_signals_through() {
     assert_no_exec_cgroups_left(&mount);
 }
 
+/// Fails on an exec cgroup whose agent has ended: each agent removes its own, and sweeps
+/// those of agents killed before they could.
 fn assert_no_exec_cgroups_left(mount: &Path) {
-    let mine = format!("exec-{}", std::process::id());
     let left: Vec<_> = std::fs::read_dir(mount.join("workerprobe"))
         .map(|entries| {
             entries
                 .flatten()
                 .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|name| name.starts_with("exec-") && !name.starts_with(&mine))
+                .filter(|name| {
+                    let agent = name
+                        .strip_prefix("exec-")
+                        .and_then(|rest| rest.split_once('-'))
+                        .map(|(pid, _)| pid.to_owned());
+                    // Agents of tests running alongside are still at work.
+                    agent.is_some_and(|pid| !Path::new("/proc").join(pid).exists())
+                })
                 .collect()
         })
         .unwrap_or_default();
     assert!(left.is_empty(), "stray exec cgroups: {left:?}");
+}
+
+fn exec_spawn(args: &[&str], summary: &Path) -> std::process::Child {
+    Command::new(workerprobe_path())
+        .arg("exec")
+        .arg("--json")
+        .arg("--output")
+        .arg(summary)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start workerprobe exec")
+}
+
+#[test]
+fn sigterm_reaches_the_command_and_the_summary_is_still_written() {
+    require_root();
+    let mount = cgroup::find_cgroup2_mount().expect("cgroup2");
+    let summary_path = temp_path("workers", "sigterm.json");
+    let workload = workload_path();
+    // Ten seconds of naps: the signal ends it.
+    let agent = exec_spawn(
+        &["--", workload.to_str().expect("path"), "nap", "100", "100"],
+        &summary_path,
+    );
+    // Once the command runs in its cgroup.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !exec_cgroup_has_processes(&mount, agent.id()) {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+    let output = agent.wait_with_output().expect("wait for exec");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(128 + 15), "stderr: {stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary_path).expect("summary"))
+            .expect("JSON");
+    assert_eq!(summary["exec"]["signal"], 15, "{summary}");
+    let _ = std::fs::remove_file(&summary_path);
+    assert_no_exec_cgroups_left(&mount);
+}
+
+#[test]
+fn what_the_command_leaves_running_is_waited_for_and_counted() {
+    require_root();
+    let mount = cgroup::find_cgroup2_mount().expect("cgroup2");
+    let summary_path = temp_path("workers", "linger.json");
+    let workload = workload_path();
+    // The shell exits at once; its background spinner runs 0.4 s of CPU after it.
+    let script = format!("({} spin 400 1 > /dev/null &); exit 0", workload.display());
+    let output = exec_spawn(&["--", "sh", "-c", &script], &summary_path)
+        .wait_with_output()
+        .expect("exec");
+    assert_eq!(output.status.code(), Some(0));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary_path).expect("summary"))
+            .expect("JSON");
+    let cpu = summary["cpu"]["total_seconds"].as_f64().expect("cpu");
+    assert!(cpu >= 0.39, "the leftover's CPU is missing: {cpu}s");
+    let _ = std::fs::remove_file(&summary_path);
+    assert_no_exec_cgroups_left(&mount);
+
+    // Past --linger, what is left is named and killed, and the cgroup still goes.
+    let script = format!("({} nap 100 100 > /dev/null &); exit 0", workload.display());
+    let output = exec_spawn(&["--linger", "1", "--", "sh", "-c", &script], &summary_path)
+        .wait_with_output()
+        .expect("exec");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
+    assert!(
+        stderr.contains("outlived the command by --linger 1s") && stderr.contains("wp-workload"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(&summary_path);
+    assert_no_exec_cgroups_left(&mount);
+}
+
+/// Whether the exec agent `agent_pid` has its command running in its cgroup.
+fn exec_cgroup_has_processes(mount: &Path, agent_pid: u32) -> bool {
+    std::fs::read_dir(mount.join("workerprobe"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("exec-{agent_pid}-"))
+        })
+        .any(|e| {
+            std::fs::read_to_string(e.path().join("cgroup.procs"))
+                .is_ok_and(|procs| !procs.trim().is_empty())
+        })
 }

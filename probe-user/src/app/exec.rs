@@ -57,12 +57,15 @@ impl ExecCgroups {
                 parent.display()
             ),
         }
+        sweep_abandoned(&parent);
         if fs::create_dir(&v2).is_err() {
             return Err(UserError::NoWritableCgroup2(mount.to_path_buf()).into());
         }
         // Best effort: without it the memory figure falls back to sampled RSS.
         let v1_memory = v1_memory_mount.and_then(|v1| {
-            let dir = v1.join("workerprobe").join(leaf);
+            let v1_parent = v1.join("workerprobe");
+            sweep_abandoned(&v1_parent);
+            let dir = v1_parent.join(leaf);
             fs::create_dir_all(&dir).ok().map(|()| dir)
         });
         Ok(Self { v2, v1_memory })
@@ -75,8 +78,55 @@ impl ExecCgroups {
     }
 }
 
+/// Removes the empty cgroups of exec agents that are gone (killed with SIGKILL, or a host
+/// that lost power mid-run): `exec-<agent pid>-<name>` whose agent pid no longer runs.
+fn sweep_abandoned(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(agent_pid) = exec_agent_pid(&name.to_string_lossy()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{agent_pid}")).exists() {
+            // Fails, and is left alone, while processes still run in it.
+            let _ = fs::remove_dir(entry.path());
+        }
+    }
+}
+
+/// The agent pid in an exec cgroup's name, `exec-<pid>-<name>`.
+fn exec_agent_pid(leaf: &str) -> Option<u32> {
+    let (pid, _) = leaf.strip_prefix("exec-")?.split_once('-')?;
+    pid.parse().ok()
+}
+
+impl ExecCgroups {
+    /// Removes the cgroups, saying so for any the kernel keeps (never left behind silently).
+    fn remove(mut self) {
+        // Taken out, so that drop (which runs next) has nothing left to do.
+        let mut dirs = vec![std::mem::take(&mut self.v2)];
+        dirs.extend(self.v1_memory.take());
+        for dir in dirs {
+            if let Err(err) = cgroup::remove_cgroup(&dir) {
+                crate::say!(
+                    "workerprobe: could not remove the cgroup {} ({err}): remove it with `rmdir {}` once its processes are gone",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
+}
+
 impl Drop for ExecCgroups {
+    /// On an early return: best effort, the processes in them are killed first.
     fn drop(&mut self) {
+        if self.v2.as_os_str().is_empty() {
+            return;
+        }
+        kill_all(&self.v2);
         let _ = cgroup::remove_cgroup(&self.v2);
         if let Some(dir) = &self.v1_memory {
             let _ = cgroup::remove_cgroup(dir);
@@ -109,6 +159,9 @@ pub fn exec(args: &ExecArgs) -> anyhow::Result<u8> {
             .unwrap_or_else(|| "cmd".into()),
     };
     let mount = cgroup::find_cgroup2_mount()?;
+    // SIGTERM, SIGINT and SIGHUP are for the command (passed on once it runs): the agent
+    // stays to report and to remove its cgroups.
+    install_forwarding();
     // Load first: a user without privileges learns it before anything is made.
     let probe = loader::load_and_attach(&args.probe.load_options())?;
     super::tell_notes(&probe);
@@ -133,10 +186,9 @@ pub fn exec(args: &ExecArgs) -> anyhow::Result<u8> {
         }
         Err(err) => return Err(err).with_context(|| format!("starting {program}")),
     };
-    // Like a shell waiting for a foreground job: Ctrl-C and Ctrl-\ are for the command; we
-    // stay to report how it ended.
-    ignore_terminal_signals();
     let (status, max_rss_bytes) = wait_with_rusage(child.id())?;
+    // The worker ends when its cgroup is empty: what the command left behind is part of it.
+    linger(&cgroups.v2, args.linger);
     let ended = Timestamp::now();
     std::thread::sleep(SETTLE);
 
@@ -193,7 +245,7 @@ pub fn exec(args: &ExecArgs) -> anyhow::Result<u8> {
         }
     }
     // The command's cgroups go; their parent stays as the home of every exec, like a slice.
-    drop(cgroups);
+    cgroups.remove();
     Ok(exit_code.clamp(0, 255) as u8)
 }
 
@@ -222,32 +274,148 @@ fn sanitize(text: &str) -> String {
     }
 }
 
-fn ignore_terminal_signals() {
-    // SAFETY: setting a signal's disposition to SIG_IGN has no preconditions.
+/// The last signal to pass on to the command (0: none), set by [`on_signal`].
+static PENDING_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// How often the waits below look for the command's end and for signals to pass on.
+const POLL: Duration = Duration::from_millis(20);
+
+extern "C" fn on_signal(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // The terminal's Ctrl-C (SI_KERNEL) reaches the whole foreground group, the command
+    // too: passing it on would deliver it twice.
+    // SAFETY: the kernel hands a valid siginfo to an SA_SIGINFO handler.
+    let from_terminal = unsafe { (*info).si_code } == libc::SI_KERNEL;
+    if !from_terminal {
+        PENDING_SIGNAL.store(signal, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Catches SIGTERM, SIGINT and SIGHUP to pass them on to the command (a CI runner's timeout
+/// is a SIGTERM to us); SIGQUIT stays the command's, like a shell's foreground job's.
+fn install_forwarding() {
+    // SAFETY: a zeroed sigaction with a valid handler and an empty mask; the handler only
+    // stores to an atomic, which is async-signal-safe.
     unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+        action.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut action.sa_mask);
+        for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
     }
 }
 
-/// Waits for the child and returns its status and peak resident set (`ru_maxrss`).
+/// Sends a signal that arrived to `pids`.
+fn forward_pending(pids: &[i32]) {
+    let signal = PENDING_SIGNAL.swap(0, std::sync::atomic::Ordering::SeqCst);
+    if signal != 0 {
+        for &pid in pids {
+            // SAFETY: kill(2) has no memory preconditions.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+}
+
+/// Waits until the cgroup is empty, up to `limit`; then names what is left, kills it, and
+/// waits for it to go. Signals that arrive meanwhile go to every process still there.
+fn linger(dir: &Path, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let pids = cgroup_pids(dir);
+        if pids.is_empty() {
+            return;
+        }
+        forward_pending(&pids);
+        if std::time::Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(POLL);
+    }
+    let left: Vec<String> = cgroup_pids(dir)
+        .iter()
+        .map(|pid| {
+            let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            format!("{pid} ({})", comm.trim())
+        })
+        .collect();
+    if left.is_empty() {
+        return;
+    }
+    crate::say!(
+        "workerprobe: {} process{} outlived the command by --linger {}: {}; killing {}",
+        left.len(),
+        if left.len() == 1 { "" } else { "es" },
+        humantime::format_duration(limit),
+        left.join(", "),
+        if left.len() == 1 { "it" } else { "them" }
+    );
+    kill_all(dir);
+}
+
+/// Kills every process in the cgroup and waits (briefly) for them to leave it.
+fn kill_all(dir: &Path) {
+    // cgroup.kill (5.14+) kills the whole tree at once, forks in flight included.
+    if fs::write(dir.join("cgroup.kill"), "1").is_err() {
+        for pid in cgroup_pids(dir) {
+            // SAFETY: kill(2) has no memory preconditions.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    for _ in 0..250 {
+        if cgroup_pids(dir).is_empty() {
+            return;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+fn cgroup_pids(dir: &Path) -> Vec<i32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.trim().parse().ok())
+        .collect()
+}
+
+/// Waits for the child, passing on the signals that arrive meanwhile, and returns its
+/// status and peak resident set (`ru_maxrss`).
 fn wait_with_rusage(pid: u32) -> anyhow::Result<(std::process::ExitStatus, u64)> {
     let mut status = 0;
     // SAFETY: a zeroed rusage is valid for wait4 to fill.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     loop {
+        forward_pending(&[pid as i32]);
         // SAFETY: pid is our child; status and usage are valid for writing.
-        let waited = unsafe { libc::wait4(pid as i32, &mut status, 0, &mut usage) };
+        let waited = unsafe { libc::wait4(pid as i32, &mut status, libc::WNOHANG, &mut usage) };
         if waited == pid as i32 {
             break;
         }
-        let err = std::io::Error::last_os_error();
-        if err.kind() != std::io::ErrorKind::Interrupted {
-            return Err(err).context("waiting for the command");
+        if waited < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(err).context("waiting for the command");
+            }
         }
+        // Polling rather than blocking: a signal never waits behind a blocked wait4.
+        std::thread::sleep(POLL);
     }
     Ok((
         std::process::ExitStatus::from_raw(status),
         usage.ru_maxrss.max(0) as u64 * 1024,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_pid_is_read_from_an_exec_cgroups_name() {
+        assert_eq!(exec_agent_pid("exec-4242-fetch"), Some(4242));
+        assert_eq!(exec_agent_pid("exec-4242-my-job"), Some(4242));
+        assert_eq!(exec_agent_pid("exec-x-fetch"), None);
+        assert_eq!(exec_agent_pid("ci-runner"), None);
+    }
 }
