@@ -44,6 +44,11 @@ pub struct KernelCollector {
     net_stats: PerCpuHashMap<MapData, u64, NetStats>,
     endpoints: PerCpuHashMap<MapData, EndpointKey, EndpointStats>,
     endpoint_counts: aya::maps::HashMap<MapData, u64, u64>,
+    /// Each worker's socket calls at the last read of `endpoints`, and what that read gave:
+    /// every endpoint update comes with a socket call, so while the calls stand still the
+    /// endpoints do too, and the read (a scan of the map's every bucket) is skipped.
+    endpoints_read_at_calls: std::collections::HashMap<u64, u64>,
+    last_endpoints: Vec<EndpointDelta>,
     drops: PerCpuArray<MapData, u64>,
     last_switch: PerCpuArray<MapData, LastSwitch>,
     events: RingBuf<MapData>,
@@ -93,6 +98,8 @@ impl KernelCollector {
             net_stats,
             endpoints,
             endpoint_counts,
+            endpoints_read_at_calls: std::collections::HashMap::new(),
+            last_endpoints: Vec::new(),
             drops,
             cgroups,
             cpus: aya::util::nr_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?,
@@ -114,6 +121,7 @@ impl Source for KernelCollector {
         for (cgroup_id, per_cpu) in cpu_per_worker {
             sample.workers.entry(cgroup_id).or_default().cpu_per_cpu = per_cpu;
         }
+        let mut calls = std::collections::HashMap::new();
         for (cgroup_id, per_cpu) in read_all(&self.net_stats, self.cpus)? {
             let net = &mut sample.workers.entry(cgroup_id).or_default().net;
             for on_cpu in per_cpu.iter() {
@@ -124,11 +132,25 @@ impl Source for KernelCollector {
                     sum.received_calls += add.received_calls;
                 }
             }
+            let worker_calls = net
+                .families
+                .iter()
+                .map(|f| f.sent_calls + f.received_calls)
+                .sum();
+            calls.insert(cgroup_id, worker_calls);
         }
         if self.measured.endpoints {
-            for (key, per_cpu) in read_all(&self.endpoints, self.cpus)? {
-                let worker = sample.workers.entry(key.cgroup_id).or_default();
-                worker.endpoints.push(sum_endpoint(key, &per_cpu));
+            // Read after the calls: a call in between is in both by the next read.
+            if calls != self.endpoints_read_at_calls {
+                self.last_endpoints = read_all(&self.endpoints, self.cpus)?
+                    .into_iter()
+                    .map(|(key, per_cpu)| sum_endpoint(key, &per_cpu))
+                    .collect();
+                self.endpoints_read_at_calls = calls;
+            }
+            for endpoint in &self.last_endpoints {
+                let worker = sample.workers.entry(endpoint.key.cgroup_id).or_default();
+                worker.endpoints.push(endpoint.clone());
             }
         }
         let paths = self.cgroups.resolve_all(sample.workers.keys().copied());
@@ -211,6 +233,8 @@ impl KernelCollector {
                 }
             }
             let _ = self.endpoint_counts.remove(&cgroup_id);
+            self.last_endpoints.retain(|e| e.key.cgroup_id != cgroup_id);
+            self.endpoints_read_at_calls.remove(&cgroup_id);
         }
         // Free the entries: the cgroup is gone and its id will not come back.
         let _ = self.cpu_stats.remove(&cgroup_id);

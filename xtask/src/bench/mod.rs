@@ -297,7 +297,15 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 
     progress("per-event cost (bpf_stats on)");
     bpf_stats.write("1")?;
-    results.prog_costs = per_event_costs(&env, &runner, if args.smoke { 1 } else { 3 }, true, &[])?;
+    // And the groups without waits and endpoints: what they add is the difference.
+    let without_waits = without_groups(&env.all_groups, &["waits", "endpoints"]);
+    results.prog_costs = per_event_costs(
+        &env,
+        &runner,
+        if args.smoke { 1 } else { 3 },
+        true,
+        &[without_waits],
+    )?;
     // bpf_stats add a clock read per program run: off for everything timed below.
     bpf_stats.write("0")?;
 
@@ -438,6 +446,15 @@ fn all_program_groups(agent: &Path) -> Result<String> {
         bail!("`workerprobe snapshot --help` lists no --programs values");
     }
     Ok(groups.join(","))
+}
+
+/// `groups` (comma-separated) without `drop`.
+pub fn without_groups(groups: &str, drop: &[&str]) -> String {
+    groups
+        .split(',')
+        .filter(|g| !drop.contains(g))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// `iperf3 -s` on the bench port, once it accepts connections.

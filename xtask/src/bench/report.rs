@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use super::peers::Config;
 use super::stats::{Summary, show_opt};
 use super::workloads::Workload;
-use super::{AccuracySample, Results, all_owner, cpu_owner};
+use super::{AccuracySample, Results, all_owner, cpu_owner, without_groups};
 
 /// One row of the targets table.
 struct Target {
@@ -160,9 +160,9 @@ fn per_event_section(out: &mut String, r: &Results) {
     let _ = writeln!(
         out,
         "`kernel.bpf_stats_enabled=1`; Δrun_time_ns / Δrun_cnt of each program over a pinned \
-         sched pipe plus a loopback request/response load, with workerprobe (every group plus \
-         the empty `switch_floor`) and bpftrace attached in the same window. Includes the \
-         stats' own clock reads. bpftrace's programs are classic tracepoints, whose dispatch \
+         sched pipe plus a loopback request/response load, with workerprobe (every group; every \
+         group but waits and endpoints; the empty `switch_floor`) and bpftrace attached in \
+         the same window. Includes the stats' own clock reads. bpftrace's programs are classic tracepoints, whose dispatch \
          (argument copy into the perf buffer) is not in run_time_ns; the A/B tables show \
          that cost.\n"
     );
@@ -185,6 +185,57 @@ fn per_event_section(out: &mut String, r: &Results) {
             show_opt(ns, 1),
             show_opt(Summary::of(&p.events_per_second), 0)
         );
+    }
+    out.push('\n');
+    waits_and_endpoints_cost(out, r);
+}
+
+/// Whether a program name is the one sought.
+type NameMatch = dyn Fn(&str) -> bool;
+
+/// What the waits and endpoints groups add to each hot program: every group against every
+/// group but those two, attached in the same window.
+fn waits_and_endpoints_cost(out: &mut String, r: &Results) {
+    let with = all_owner(&r.all_groups);
+    let without = all_owner(&without_groups(&r.all_groups, &["waits", "endpoints"]));
+    if with == without {
+        return;
+    }
+    // The sched_switch program's name changes with the groups (switch_full, switch_waits).
+    let median = |owner: &str, matches: &NameMatch| {
+        r.prog_costs
+            .iter()
+            .find(|p| p.owner == owner && matches(&p.name))
+            .and_then(|p| Summary::of(&p.ns_per_event))
+            .map(|s| s.median)
+    };
+    let mut rows = Vec::new();
+    let hot: [(&str, &NameMatch); 4] = [
+        ("sched_switch", &|n| {
+            n.starts_with("switch_") && n != "switch_floor"
+        }),
+        ("sched_wakeup", &|n| n == "wakeup"),
+        ("socket send", &|n| {
+            n == "sock_send" || n.starts_with("sock_tx_inet")
+        }),
+        ("socket receive", &|n| {
+            n == "sock_recv" || n.starts_with("sock_rx_inet")
+        }),
+    ];
+    for (label, matches) in hot {
+        if let (Some(a), Some(b)) = (median(&with, matches), median(&without, matches)) {
+            rows.push(format!("| {label} | {b:.1} | {a:.1} | {:+.1} |", a - b));
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "What `waits` and `endpoints` add per event ({without} against {with}, same window):\n\n| program | without (ns) | with (ns) | added (ns) |\n| --- | --- | --- | --- |"
+    );
+    for row in rows {
+        let _ = writeln!(out, "{row}");
     }
     out.push('\n');
 }
