@@ -47,14 +47,15 @@ const VM_END: &str = "<!-- vm-per-event:end -->";
 /// Per-event cost in the VM kernel matrix: each kernel's program variants (bpf_stats on),
 /// kept from the previous report; this run does not boot VMs.
 fn vm_section(out: &mut String, previous: Option<&str>) {
+    let _ = writeln!(out, "## 7. Per-event cost on other kernels (VM matrix)\n");
     let _ = writeln!(
         out,
-        "## 7. Per-event cost on other kernels (VM matrix)
-"
-    );
-    let _ = writeln!(
-        out,
-        "Measured by `sudo -E cargo xtask vm-test --update-docs` inside each VM of the kernel          matrix (software emulation: absolute ns are several times the host's; compare          programs within one kernel, and each against that kernel's `switch_floor`). Same          load and method as §1, without bpftrace (its script needs the 6.3 socket          tracepoints). Kernels before 6.3 count socket bytes with the fexit programs          `sock_tx_*`/`sock_rx_*`.\n"
+        "Measured by `sudo -E cargo xtask vm-test --update-docs` inside each VM of the kernel \
+         matrix (software emulation: absolute ns are several times the host's; compare \
+         programs within one kernel, and each against that kernel's `switch_floor`). Same \
+         load and method as §1, without bpftrace (its script needs the 6.3 socket \
+         tracepoints). Kernels before 6.3 count socket bytes with the fexit programs \
+         `sock_tx_*`/`sock_rx_*`.\n"
     );
     let kept = previous.and_then(|text| {
         let start = text.find(VM_BEGIN)? + VM_BEGIN.len();
