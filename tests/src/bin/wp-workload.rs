@@ -35,7 +35,7 @@
 //!   half in the kernel (1-byte reads of /dev/zero); prints its own `getrusage` split
 //!   `{"utime_ns","stime_ns"}`.
 //! - `life MS`: one thread: spin MS of CPU time, nap 5 × MS/5, fsync 10 times in $WP_SCRATCH
-//!   (default /var/tmp).
+//!   (default /var/tmp); prints `{"lived_ns"}`, its life from the start of `main`.
 
 use std::{
     io::{Read as _, Write as _},
@@ -48,6 +48,8 @@ use std::{
 };
 
 fn main() {
+    // What `life` reports as its own life: from here, after exec and the loader.
+    let born = std::time::Instant::now();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or_else(|| usage());
     match arg(0) {
@@ -63,6 +65,7 @@ fn main() {
                 std::thread::sleep(Duration::from_millis(ms / 5));
             }
             fsync(&scratch_dir(), 10);
+            println!(r#"{{"lived_ns":{}}}"#, born.elapsed().as_nanos());
         }
         "reasons" => reasons(arg(1), arg(2)),
         "cpu-mix" => cpu_mix(num(arg(1))),
