@@ -49,12 +49,16 @@ fn each_sleep_is_charged_to_what_the_thread_waited_on() {
     let reason_ns =
         |name: &str| delays.wait_ns[WAIT_NAMES.iter().position(|n| *n == name).expect("reason")];
     eprintln!(
-        "reasons: {}; workload timed {timed}",
+        "reasons: {}; workload timed {timed}; on-CPU {:.1} ms, run-queue {:.1} ms; drops {:?} → {:?}",
         WAIT_NAMES
             .iter()
             .map(|name| format!("{name} {:.1} ms", reason_ns(name) as f64 / 1e6))
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", "),
+        stats.cpu_ns() as f64 / 1e6,
+        delays.runqueue_wait_ns as f64 / 1e6,
+        before.drops.by_map,
+        after.drops.by_map
     );
     // The reasons split blocked I/O plus sleep, exactly.
     assert_eq!(
