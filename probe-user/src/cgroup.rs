@@ -314,6 +314,15 @@ pub fn spawn_in_cgroups(
     child
 }
 
+/// The processes in a cgroup (`cgroup.procs`); none when it cannot be read.
+pub fn procs(dir: &Path) -> Vec<u32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.trim().parse().ok())
+        .collect()
+}
+
 /// Removes a cgroup directory, waiting briefly for exiting processes to leave it.
 pub fn remove_cgroup(dir: &Path) -> std::io::Result<()> {
     let mut last = Ok(());

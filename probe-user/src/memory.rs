@@ -51,7 +51,7 @@ impl MemoryReader {
                 },
             });
         }
-        let pids = read_pids(&dir.join("cgroup.procs"));
+        let pids = crate::cgroup::procs(dir);
         if pids.is_empty() {
             return None;
         }
@@ -72,7 +72,7 @@ impl MemoryReader {
         let membership = fs::read_to_string(format!("/proc/{}/cgroup", pids[0])).ok()?;
         let v1_path = parse_v1_memory_membership(&membership)?;
         let v1_dir = mount.join(v1_path.trim_start_matches('/'));
-        let v1_pids = read_pids(&v1_dir.join("cgroup.procs"));
+        let v1_pids = crate::cgroup::procs(&v1_dir);
         // A memory cgroup shared with other processes would not be this worker's memory.
         if v1_pids.is_empty() || !v1_pids.iter().all(|pid| pids.contains(pid)) {
             return None;
@@ -111,14 +111,6 @@ pub fn read_v1_dir(dir: &Path) -> Option<MemoryReading> {
 
 fn read_u64(path: &Path) -> Option<u64> {
     fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-fn read_pids(path: &Path) -> Vec<u32> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.trim().parse().ok())
-        .collect()
 }
 
 /// The mount point of the v1 `memory` controller in a mountinfo text.

@@ -372,10 +372,9 @@ fn kill_all(dir: &Path) {
 }
 
 fn cgroup_pids(dir: &Path) -> Vec<i32> {
-    fs::read_to_string(dir.join("cgroup.procs"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.trim().parse().ok())
+    cgroup::procs(dir)
+        .into_iter()
+        .map(|pid| pid as i32)
         .collect()
 }
 
