@@ -160,6 +160,28 @@ pub fn counters(sample: &Sample, id: u64) -> WorkerCounters {
     sample.workers.get(&id).cloned().unwrap_or_default()
 }
 
+/// A sample taken once the worker's counters have stopped moving, for a window that ends
+/// when its last process was reaped: the reaped thread may still wait for a CPU for its last
+/// switch, which charges its last slice (and any sleep whose wakeup the kernel hid from
+/// tracing). Polls every 20 ms, for 3 s at most.
+pub fn settled_sample(collector: &mut KernelCollector, cgroup_id: u64) -> Sample {
+    use workerprobe::collect::Source as _;
+    let moving = |sample: &Sample| {
+        let worker = counters(sample, cgroup_id);
+        (worker.cpu_per_cpu, worker.net)
+    };
+    let mut last = collector.sample().expect("sample");
+    for _ in 0..150 {
+        std::thread::sleep(Duration::from_millis(20));
+        let next = collector.sample().expect("sample");
+        if moving(&next) == moving(&last) {
+            return next;
+        }
+        last = next;
+    }
+    panic!("worker {cgroup_id}'s counters still moved 3 s after it ended")
+}
+
 /// A JSON number as u64.
 pub fn field(value: &serde_json::Value, name: &str) -> u64 {
     value[name]

@@ -4,7 +4,9 @@
 use std::time::Instant;
 
 use workerprobe::{collect::Source as _, model};
-use workerprobe_tests::{TestCgroup, collector, field, read_first_json_line, wait_json};
+use workerprobe_tests::{
+    TestCgroup, collector, field, read_first_json_line, settled_sample, wait_json,
+};
 
 /// What a worker did between two samples.
 fn stats_of(
@@ -37,13 +39,17 @@ fn a_napping_thread_sleeps() {
     unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
     let timed_ms = field(&wait_json(child), "slept_ns") as f64 / 1e6;
     let lived_ms = signalled.elapsed().as_secs_f64() * 1e3;
-    let after = collector.sample().expect("sample");
+    let after = settled_sample(&mut collector, napper.id);
     let stats = stats_of(&before, &after, &napper);
     let sleep_ms = stats.delays.sleep_ns as f64 / 1e6;
     eprintln!(
-        "napper: sleep {sleep_ms} ms (it timed {timed_ms} ms, lived {lived_ms} ms after the signal), on-CPU {} ms, wakeups {}",
+        "napper: sleep {sleep_ms} ms (it timed {timed_ms} ms, lived {lived_ms} ms after the signal), on-CPU {} ms, run-queue {} ms, blocked-io {} ms, wakeups {}; drops {:?} → {:?}",
         stats.cpu_ns() as f64 / 1e6,
-        stats.delays.wakeups
+        stats.delays.runqueue_wait_ns as f64 / 1e6,
+        stats.delays.blocked_io_ns as f64 / 1e6,
+        stats.delays.wakeups,
+        before.drops.by_map,
+        after.drops.by_map
     );
     // Its own clock brackets each nap a little wider than the kernel's sleep. Beyond the
     // naps it may sleep a little more (code paged in from a FUSE root, as in the VMs, is an
@@ -117,12 +123,17 @@ fn fsync_blocks_on_io_and_only_that_worker() {
     let mut collector = collector();
     let writer = TestCgroup::new("io-writer");
     let napper = TestCgroup::new("io-napper");
+    // The napper's start-up (its binary paged in from disk, itself I/O) is outside the window.
+    let mut nap = napper.spawn_workload(&["nap", "5", "40", "wait"]);
+    read_first_json_line(&mut nap);
     let before = collector.sample().expect("sample");
     let write = writer.spawn_workload(&["fsync", &workerprobe_tests::scratch_dir(), "200"]);
-    let nap = napper.spawn_workload(&["nap", "5", "40"]);
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(nap.id() as i32, libc::SIGUSR1) };
     assert!(write.wait_with_output().expect("wait").status.success());
     assert!(nap.wait_with_output().expect("wait").status.success());
-    let after = collector.sample().expect("sample");
+    settled_sample(&mut collector, napper.id);
+    let after = settled_sample(&mut collector, writer.id);
     let writer_stats = stats_of(&before, &after, &writer);
     let napper_stats = stats_of(&before, &after, &napper);
     eprintln!(
@@ -135,7 +146,7 @@ fn fsync_blocks_on_io_and_only_that_worker() {
         writer_stats.delays.blocked_io_ns > 0,
         "200 fsyncs never blocked on I/O"
     );
-    // The napper may fault its binary in from disk, never the writer's fsyncs.
+    // The napper may fault a page of its binary in from disk, never the writer's fsyncs.
     assert!(
         napper_stats.delays.blocked_io_ns * 10 < writer_stats.delays.blocked_io_ns,
         "the napper was charged the writer's I/O"
@@ -161,20 +172,26 @@ fn a_single_thread_life_adds_up_to_its_wall_time() {
         .and_then(|json| json["lived_ns"].as_f64())
         .expect("the workload's lived_ns")
         / 1e9;
-    let after = collector.sample().expect("sample");
+    let after = settled_sample(&mut collector, worker.id);
     let stats = stats_of(&before, &after, &worker);
     let d = &stats.delays;
     let accounted_s =
         (stats.cpu_ns() + d.runqueue_wait_ns + d.blocked_io_ns + d.sleep_ns) as f64 / 1e9;
     eprintln!(
-        "life {lived_s:.4}s inside, {life_s:.4}s outside: on-CPU {:.4} run-queue {:.4} blocked-io {:.4} sleep {:.4} = {accounted_s:.4}s",
+        "life {lived_s:.4}s inside, {life_s:.4}s outside: on-CPU {:.4} run-queue {:.4} blocked-io {:.4} sleep {:.4} = {accounted_s:.4}s, wakeups {}; drops {:?} → {:?}",
         stats.cpu_ns() as f64 / 1e9,
         d.runqueue_wait_ns as f64 / 1e9,
         d.blocked_io_ns as f64 / 1e9,
-        d.sleep_ns as f64 / 1e9
+        d.sleep_ns as f64 / 1e9,
+        d.wakeups,
+        before.drops.by_map,
+        after.drops.by_map
     );
+    // Below by 2%: on 6.18 the kernel hides a few switches and wakeups from tracing (about
+    // one sleep in a few hundred under load); the programs recover a hidden wakeup at the
+    // thread's next switch-out, but not one hidden at its very last (1.2% short, once in ten).
     assert!(
-        accounted_s >= lived_s * 0.99 && accounted_s <= life_s * 1.01,
+        accounted_s >= lived_s * 0.98 && accounted_s <= life_s * 1.01,
         "accounted {accounted_s}s, outside the workload's own {lived_s}s and the test's {life_s}s"
     );
 }

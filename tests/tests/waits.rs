@@ -11,8 +11,8 @@ use std::{
 use probe_common::wait::WAIT_NAMES;
 use workerprobe::{collect::Source as _, model};
 use workerprobe_tests::{
-    TestCgroup, collector, field, read_first_json_line, require_root, scratch_dir, temp_path,
-    wait_json, workerprobe_path, workload_path,
+    TestCgroup, collector, field, read_first_json_line, require_root, scratch_dir, settled_sample,
+    temp_path, wait_json, workerprobe_path, workload_path,
 };
 
 /// Within 5% or 10 ms of what the workload timed.
@@ -39,7 +39,7 @@ fn each_sleep_is_charged_to_what_the_thread_waited_on() {
     std::thread::sleep(Duration::from_millis(500));
     peer.write_all(b"!").expect("answer");
     let timed = wait_json(child);
-    let after = collector.sample().expect("sample");
+    let after = settled_sample(&mut collector, worker.id);
     let stats = model::diff(Some(&before), &after)
         .workers
         .into_iter()
