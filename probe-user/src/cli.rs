@@ -101,9 +101,13 @@ pub struct ServeArgs {
 /// `workerprobe record`.
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// The JSON Lines file to write (appended to if it exists).
+    /// The JSON Lines file to write; one that holds data is refused unless --append.
     #[arg(long, value_name = "FILE", value_parser = parse_output_file)]
     pub out: std::path::PathBuf,
+    /// Add this run to the recording in FILE (a new header line starts it) instead of
+    /// refusing a file that holds one.
+    #[arg(long)]
+    pub append: bool,
     /// Time between ticks, e.g. 1s.
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
@@ -111,7 +115,7 @@ pub struct RecordArgs {
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Start a new file (FILE.1, FILE.2, …) when the current one reaches this many MiB.
-    #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    #[arg(long, value_name = "MB", value_parser = parse_count::<u64, 1, 1_000_000>)]
     pub rotate_mb: Option<u64>,
     #[command(flatten)]
     pub workers: WorkerArgs,
@@ -130,7 +134,7 @@ pub struct ReplayArgs {
     #[arg(long, value_parser = parse_at_text)]
     pub at: Option<String>,
     /// Only workers whose cgroup path matches this glob.
-    #[arg(long = "worker", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
+    #[arg(long = "workers", visible_alias = "worker", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
     pub patterns: Vec<String>,
     /// Print JSON instead of tables.
     #[arg(long)]
@@ -147,13 +151,13 @@ pub struct PictureArgs {
     #[arg(long, value_name = "FILE", value_parser = parse_output_file)]
     pub out: std::path::PathBuf,
     /// Only workers whose cgroup path matches this glob (repeat for several).
-    #[arg(long = "worker", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
+    #[arg(long = "workers", visible_alias = "worker", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
     pub patterns: Vec<String>,
     /// Start at this time: seconds from the start (e.g. 30s, 2m, 45) or an RFC 3339 time.
-    #[arg(long, value_name = "T", value_parser = crate::app::plot::parse_time)]
+    #[arg(long, value_name = "T", value_parser = crate::recording::at::parse_time)]
     pub from: Option<crate::recording::at::At>,
     /// End at this time, written as for --from.
-    #[arg(long, value_name = "T", value_parser = crate::app::plot::parse_time)]
+    #[arg(long, value_name = "T", value_parser = crate::recording::at::parse_time)]
     pub to: Option<crate::recording::at::At>,
 }
 
@@ -164,7 +168,7 @@ pub struct PlotArgs {
     pub input: PictureArgs,
     /// How many workers (the busiest by CPU time) get a series in the per-worker panels;
     /// the Gantt always shows every worker.
-    #[arg(long, default_value_t = crate::sink::picture::svg::DEFAULT_BUSIEST, value_parser = clap::value_parser!(u16).range(1..=200))]
+    #[arg(long, default_value_t = crate::sink::picture::svg::DEFAULT_BUSIEST, value_parser = parse_count::<u16, 1, 200>)]
     pub busiest: u16,
     /// One CPU panel per CPU (cores of that CPU each worker used) instead of total cores.
     #[arg(long)]
@@ -184,7 +188,7 @@ pub struct ReportArgs {
     #[command(flatten)]
     pub input: PictureArgs,
     /// How many workers (the busiest) get a series in the plots' per-worker panels.
-    #[arg(long, default_value_t = crate::sink::picture::svg::DEFAULT_BUSIEST, value_parser = clap::value_parser!(u16).range(1..=200))]
+    #[arg(long, default_value_t = crate::sink::picture::svg::DEFAULT_BUSIEST, value_parser = parse_count::<u16, 1, 200>)]
     pub busiest: u16,
 }
 
@@ -200,7 +204,7 @@ pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
 pub struct WorkerArgs {
     /// Only workers whose cgroup path matches this glob (`*` crosses `/`; a bare name matches
     /// the last component, e.g. nginx.service). Repeat for several.
-    #[arg(long = "workers", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
+    #[arg(long = "workers", visible_alias = "worker", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
     pub patterns: Vec<String>,
 }
 
@@ -268,7 +272,7 @@ pub fn parse_name(text: &str) -> Result<String, String> {
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
     /// How many cgroups the kernel maps can hold; a cgroup beyond that is counted as a drop.
-    #[arg(long, default_value_t = probe_common::DEFAULT_MAX_WORKERS, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    #[arg(long, default_value_t = probe_common::DEFAULT_MAX_WORKERS, value_parser = parse_count::<u32, 1, 1_048_576>)]
     pub max_workers: u32,
     /// What to measure: cpu (on-CPU time, context switches), delays (where off-CPU time went:
     /// run-queue wait, blocked on I/O, sleep), net (socket bytes), workers (cgroups made and
@@ -296,7 +300,7 @@ pub struct ProbeArgs {
     pub endpoints: Vec<crate::model::endpoints::EndpointRule>,
     /// Most remote endpoints kept per worker; calls with more peers are counted under its
     /// `other` endpoint (and as endpoint_overflow drops).
-    #[arg(long, default_value_t = probe_common::net::DEFAULT_ENDPOINTS_PER_WORKER, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, default_value_t = probe_common::net::DEFAULT_ENDPOINTS_PER_WORKER, value_parser = parse_count::<u32, 1, 4096>)]
     pub max_endpoints_per_worker: u32,
     /// For benchmarks: count socket bytes with this variant even where the kernel offers the
     /// other (tracepoint: sock_send_length, 6.3+; fexit: the protocols' sendmsg/recvmsg).
@@ -385,7 +389,7 @@ pub struct TopArgs {
     #[arg(long)]
     pub once: bool,
     /// Show at most this many workers (busiest first).
-    #[arg(long, default_value_t = 40, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    #[arg(long, default_value_t = 40, value_parser = parse_count::<usize, 1, 1_000_000>)]
     pub limit: usize,
     #[command(flatten)]
     pub workers: WorkerArgs,
@@ -444,6 +448,17 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
         ));
     }
     Ok(interval)
+}
+
+/// A whole number from MIN to MAX; the error gives the form expected (clap names the flag),
+/// never the number parser's own text.
+fn parse_count<T: TryFrom<u64>, const MIN: u64, const MAX: u64>(text: &str) -> Result<T, String> {
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|count| (MIN..=MAX).contains(count))
+        .and_then(|count| T::try_from(count).ok())
+        .ok_or_else(|| format!("`{text}` is not a whole number from {MIN} to {MAX}"))
 }
 
 /// A recording to read: a path that exists and is not a directory.

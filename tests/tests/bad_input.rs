@@ -58,6 +58,7 @@ impl Fixture {
             recording(&[&tick_line(1, 10), &tick_line(2, 11)]),
         )
         .expect("write the recording");
+        std::fs::write(dir.join("notes.txt"), "my notes\n").expect("write a foreign file");
         Fixture { dir }
     }
 }
@@ -107,10 +108,17 @@ fn recording(lines: &[&str]) -> String {
 
 /// Asserts that stderr has no panic or backtrace in it.
 fn assert_no_panic(args: &[&str], stderr: &str) {
-    for text in ["panicked", "RUST_BACKTRACE", "stack backtrace"] {
+    // Nor a parser's own text without the form expected.
+    for text in [
+        "panicked",
+        "RUST_BACKTRACE",
+        "stack backtrace",
+        "invalid digit",
+        "number too large",
+    ] {
         assert!(
             !stderr.contains(text),
-            "`workerprobe {}` panicked: {stderr}",
+            "`workerprobe {}` printed {text:?}: {stderr}",
             args.join(" ")
         );
     }
@@ -189,10 +197,12 @@ const CASES: &[(&[&str], &str)] = &[
     (&["top", "--workers", ""], "--workers"),
     (&["top", "--workers", "[a"], "--workers"),
     (&["snapshot", "--workers", "a{b"], "--workers"),
-    (&["replay", "rec.jsonl", "--worker", "[a"], "--worker"),
+    (&["snapshot", "--worker", "a{b"], "--workers"),
+    (&["replay", "rec.jsonl", "--worker", "[a"], "--workers"),
+    (&["replay", "rec.jsonl", "--workers", "[a"], "--workers"),
     (
         &["plot", "rec.jsonl", "--out", "x.svg", "--worker", ""],
-        "--worker",
+        "--workers",
     ),
     // Names.
     (&["exec", "--name", "a/b", "--", "true"], "--name"),
@@ -237,6 +247,19 @@ const CASES: &[(&[&str], &str)] = &[
         &["trace", "rec.jsonl", "--out", "x.json", "--to", "later"],
         "--to",
     ),
+    // Numbers: the form expected, never the number parser's own text.
+    (
+        &["record", "--out", "r.jsonl", "--rotate-mb", "abc"],
+        "not a whole number from 1 to 1000000",
+    ),
+    (
+        &["top", "--max-workers", "1e3"],
+        "not a whole number from 1 to 1048576",
+    ),
+    (
+        &["plot", "rec.jsonl", "--out", "x.svg", "--busiest", "x"],
+        "not a whole number from 1 to 200",
+    ),
     // Files to write: in a directory that does not exist, or a directory.
     (&["record", "--out", "no/such/dir/r.jsonl"], "--out"),
     (&["record", "--out", "adir"], "--out"),
@@ -276,6 +299,33 @@ fn every_bad_flag_value_names_the_flag_and_exits_2() {
         assert!(
             !fixture.dir.join(name).exists(),
             "a refused command wrote {name}"
+        );
+    }
+}
+
+#[test]
+fn record_adds_to_a_recording_only_with_append_and_never_to_other_files() {
+    let fixture = Fixture::new("record-append");
+    for (args, expected, file) in [
+        (
+            &["record", "--out", "rec.jsonl"][..],
+            "add --append",
+            "rec.jsonl",
+        ),
+        (
+            &["record", "--out", "notes.txt", "--append"],
+            "not a workerprobe recording",
+            "notes.txt",
+        ),
+    ] {
+        let before = std::fs::read(fixture.dir.join(file)).expect("read");
+        let output = run_in(&fixture.dir, args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        assert_one_sentence(&output, args, expected);
+        assert_eq!(
+            std::fs::read(fixture.dir.join(file)).expect("read"),
+            before,
+            "{file} changed"
         );
     }
 }
@@ -383,9 +433,19 @@ fn an_unknown_user_is_one_sentence_and_exit_2() {
 #[test]
 fn a_worker_pattern_matching_nothing_in_a_recording_is_bad_input() {
     let fixture = Fixture::new("unknown-worker");
+    // One spelling everywhere: --workers (as on the live commands), --worker accepted too.
     for args in [
         &["replay", "rec.jsonl", "--worker", "/nope"][..],
+        &["replay", "rec.jsonl", "--workers", "/nope"],
         &["plot", "rec.jsonl", "--out", "x.svg", "--worker", "/nope"],
+        &[
+            "report",
+            "rec.jsonl",
+            "--out",
+            "x.html",
+            "--workers",
+            "/nope",
+        ],
     ] {
         let output = run_in(&fixture.dir, args);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");

@@ -114,7 +114,10 @@ fn a_recording_killed_mid_run_holds_only_whole_lines() {
     // The killed recording replays, and a new run appends after it on a line of its own.
     let output = replay(&[out.to_str().expect("utf-8")]);
     assert!(output.status.success(), "{}", stderr_of(&output));
-    let mut again = start_record(&out, &["--interval", "200ms", "--duration", "600ms"]);
+    let mut again = start_record(
+        &out,
+        &["--append", "--interval", "200ms", "--duration", "600ms"],
+    );
     assert!(again.wait().expect("wait").success());
     let lines = read_lines(&out);
     let headers = lines.iter().filter(|line| line["type"] == "header").count();
@@ -309,6 +312,12 @@ fn empty_foreign_and_missing_files_are_refused_with_one_sentence() {
             .count();
         assert_eq!(sentences, 1, "one sentence: {stderr}");
         assert!(stderr.contains(expected), "{}: {stderr}", path.display());
+        // It never suggests recording over the file it refused.
+        assert!(
+            !stderr.contains(&format!("--out {}", path.display())),
+            "suggests overwriting {}: {stderr}",
+            path.display()
+        );
         assert!(output.stdout.is_empty());
     }
     let _ = std::fs::remove_file(&empty);

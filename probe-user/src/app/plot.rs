@@ -9,10 +9,7 @@ use anyhow::Context as _;
 use crate::{
     cli::{PictureArgs, PlotArgs},
     model::selection::Selection,
-    recording::{
-        at::{At, parse_at},
-        read_recording,
-    },
+    recording::read_recording,
     sink::picture::{
         series::{Choice, Picture, build},
         svg::{self, SvgOptions},
@@ -31,16 +28,6 @@ pub fn plot(args: &PlotArgs) -> anyhow::Result<()> {
     )
     .context("drawing the plot")?;
     write_out(&args.input.out, text.as_bytes(), &picture, "plot")
-}
-
-/// A `--from`/`--to` value: seconds from the start (`30s`, `2m`, `45`) or an RFC 3339 time,
-/// as `replay --at` reads it; the error is one sentence (clap names the flag).
-pub fn parse_time(text: &str) -> Result<At, String> {
-    parse_at(text).map_err(|message| {
-        message
-            .strip_prefix("--at ")
-            .map_or(message.clone(), str::to_string)
-    })
 }
 
 /// Reads the recording and builds the picture of the workers and window asked for; every
@@ -71,21 +58,4 @@ pub fn write_out(path: &Path, bytes: &[u8], picture: &Picture, what: &str) -> an
         path.display()
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    #[test]
-    fn times_read_as_replay_at_does_with_a_flagless_message() {
-        assert_eq!(
-            parse_time("2m"),
-            Ok(At::FromStart(Duration::from_secs(120)))
-        );
-        let message = parse_time("soon").expect_err("not a time");
-        assert!(message.starts_with("`soon` is not a time"), "{message}");
-    }
 }

@@ -37,7 +37,9 @@ const FINAL_SETTLE: Duration = Duration::from_millis(150);
 pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
     let selection = Selection::new(&args.workers.patterns)?;
     let rotate_bytes = args.rotate_mb.map(|mb| mb.saturating_mul(1024 * 1024));
-    // Opened before the programs are loaded, so a path that cannot be written is told first.
+    // Checked and opened before the programs are loaded, so a path that cannot be written is
+    // told first.
+    crate::recording::reader::check_writable_recording(&args.out, args.append)?;
     let mut writer = RecordingWriter::open(&args.out, rotate_bytes)?;
     let collector = super::start_collector(&args.probe)?;
     let namer = args.probe.endpoint_namer();
@@ -46,7 +48,7 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
     let run_started = previous.taken_at.unwrap_or_else(Timestamp::now);
     writer.begin(header(args, run_started, previous.measured))?;
     // On stderr: tells scripts (and the tests) that the recording has begun.
-    crate::say!("workerprobe: recording to {}", args.out.display());
+    crate::say!("workerprobe: attached; recording to {}", args.out.display());
 
     let deadline = args
         .duration

@@ -48,8 +48,8 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
         })
     {
         return Err(crate::error::UserError::BadInput(format!(
-            "no worker in {name} matches --worker {}: list the recorded workers with `workerprobe replay {name}`",
-            args.patterns.join(" --worker ")
+            "no worker in {name} matches --workers {}: list the recorded workers with `workerprobe replay {name}`",
+            args.patterns.join(" --workers ")
         ))
         .into());
     }

@@ -14,3 +14,7 @@ pub use sample::{
     WorkerCounters,
 };
 pub use stats::{Delays, FamilyDelta, Interval, WorkerStats, diff, split_user_system, totals};
+
+/// Version of every JSON layout workerprobe writes (documents, exit records, recordings);
+/// bumped when a field changes meaning or goes away (adding a field does not bump it).
+pub const SCHEMA_VERSION: u32 = 1;

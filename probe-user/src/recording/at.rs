@@ -22,6 +22,16 @@ pub enum At {
     },
 }
 
+/// A `--from`/`--to` value: seconds from the start (`30s`, `2m`, `45`) or an RFC 3339 time,
+/// as `replay --at` reads it; the error is one sentence (clap names the flag).
+pub fn parse_time(text: &str) -> Result<At, String> {
+    parse_at(text).map_err(|message| {
+        message
+            .strip_prefix("--at ")
+            .map_or(message.clone(), str::to_string)
+    })
+}
+
 /// Parses an `--at` value; the error is one sentence naming the flag.
 pub fn parse_at(text: &str) -> Result<At, String> {
     let text = text.trim();
@@ -129,6 +139,16 @@ pub fn find_tick(ticks: &[(&Segment, &Tick)], at: At, text: &str) -> Result<usiz
 mod tests {
     use super::*;
     use crate::recording::line::Moment;
+
+    #[test]
+    fn times_read_as_replay_at_does_with_a_flagless_message() {
+        assert_eq!(
+            parse_time("2m"),
+            Ok(At::FromStart(Duration::from_secs(120)))
+        );
+        let message = parse_time("soon").expect_err("not a time");
+        assert!(message.starts_with("`soon` is not a time"), "{message}");
+    }
 
     #[test]
     fn offsets_and_times_parse() {

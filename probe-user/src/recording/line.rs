@@ -32,7 +32,7 @@ pub const FORMAT: &str = "workerprobe-recording";
 
 /// Version of the recording's layout, the one every workerprobe JSON output shares; bumped
 /// when a field changes meaning or goes away (adding a field does not bump it).
-pub const SCHEMA_VERSION: u32 = crate::sink::json::SCHEMA_VERSION;
+pub const SCHEMA_VERSION: u32 = crate::model::SCHEMA_VERSION;
 
 /// A moment on both clocks, as a recording writes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -104,6 +104,44 @@ pub fn read_recording(path: &Path) -> anyhow::Result<Recording> {
     parse_recording(&path.display().to_string(), BufReader::new(file))
 }
 
+/// Whether `record` may write to `path`: a missing or empty file always; a file with data only
+/// with `append`, and only if it is a recording (its first line is a header this version
+/// reads). Otherwise one sentence saying what to do.
+pub fn check_writable_recording(path: &Path, append: bool) -> anyhow::Result<()> {
+    let name = path.display().to_string();
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        // The writer's own open says why it cannot be written.
+        Err(_) => return Ok(()),
+    };
+    let mut reader = BufReader::new(file);
+    let mut buffer = Vec::new();
+    loop {
+        let whole = match next_line(&mut reader, &mut buffer) {
+            Ok(Some(whole)) => whole,
+            // Empty, or unreadable (the writer's open then says why).
+            Ok(None) | Err(_) => return Ok(()),
+        };
+        let text = buffer.trim_ascii();
+        if text.is_empty() {
+            continue;
+        }
+        let is_recording = first_header(&name, text, whole).is_ok();
+        return match (is_recording, append) {
+            (true, true) => Ok(()),
+            (true, false) => Err(crate::error::UserError::BadInput(format!(
+                "--out {name} already holds a recording: add --append to add this run to it, or give another --out"
+            ))
+            .into()),
+            (false, _) => Err(crate::error::UserError::BadInput(format!(
+                "--out {name} holds data that is not a workerprobe recording this version reads: give another --out"
+            ))
+            .into()),
+        };
+    }
+}
+
 /// Reads a recording from `reader`; `name` names it in messages.
 pub fn parse_recording(name: &str, mut reader: impl BufRead) -> anyhow::Result<Recording> {
     let mut recording = Recording::default();
@@ -140,7 +178,7 @@ pub fn parse_recording(name: &str, mut reader: impl BufRead) -> anyhow::Result<R
         }
     }
     if recording.segments.is_empty() {
-        return Err(crate::error::UserError::BadInput(format!("{name} is empty: it holds no recording; record one with `workerprobe record --out {name}`")).into());
+        return Err(crate::error::UserError::BadInput(format!("{name} is empty: it holds no recording; give a file that `workerprobe record --out FILE` wrote")).into());
     }
     Ok(recording)
 }
@@ -186,7 +224,7 @@ impl Segment {
 fn first_header(name: &str, text: &[u8], whole: bool) -> anyhow::Result<HeaderLine> {
     let not_a_recording = || {
         anyhow::Error::from(crate::error::UserError::BadInput(format!(
-            "{name} is not a workerprobe recording (its first line is not a header): record one with `workerprobe record --out {name}`"
+            "{name} is not a workerprobe recording (its first line is not a header): give a file that `workerprobe record --out FILE` wrote"
         )))
     };
     let value: serde_json::Value = if whole {

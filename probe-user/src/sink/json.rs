@@ -14,8 +14,7 @@ use crate::{
     node::NodeFacts,
 };
 
-/// Version of the JSON documents; bumped when a field changes meaning or goes away.
-pub const SCHEMA_VERSION: u32 = 1;
+pub use crate::model::SCHEMA_VERSION;
 
 /// One snapshot window.
 #[derive(Debug, Serialize)]

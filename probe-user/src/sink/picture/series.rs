@@ -22,7 +22,7 @@ const CONTIGUOUS_SECONDS: f64 = 1e-6;
 /// What to draw: which workers and which stretch of time.
 #[derive(Clone, Debug)]
 pub struct Choice {
-    /// The workers asked for (`--worker`).
+    /// The workers asked for (`--workers`).
     pub selection: Selection,
     /// Start of the window (`--from`); default: the start of the first tick.
     pub from: Option<At>,
@@ -406,8 +406,8 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
             format!("{name} holds no worker active between {from_seconds:.1}s and {to_seconds:.1}s")
         } else {
             format!(
-                "no worker in {name} matches --worker {} between {from_seconds:.1}s and {to_seconds:.1}s",
-                choice.selection.patterns().join(" --worker ")
+                "no worker in {name} matches --workers {} between {from_seconds:.1}s and {to_seconds:.1}s",
+                choice.selection.patterns().join(" --workers ")
             )
         });
     }
