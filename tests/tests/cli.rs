@@ -260,3 +260,68 @@ fn wait_json_or_status(child: std::process::Child) {
         output.status
     );
 }
+
+/// Memory in `snapshot --json` is the kernel's own figure for the worker: its cgroup's
+/// `memory.current` where cgroup2 has the memory controller, else its process's resident set.
+#[test]
+fn snapshot_json_reports_a_worker_memory() {
+    require_root();
+    let worker = TestCgroup::new("cli-mem");
+    // Held long enough for a slow (debug, emulated) agent's start; killed once read.
+    let mut holder = worker.spawn_workload(&["hold", "64", "60000"]);
+    read_first_json_line(&mut holder);
+    let name = worker
+        .dir
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let output = Command::new(workerprobe_path())
+        .args(["snapshot", "--json", "--duration", "1s", "--workers", &name])
+        .output()
+        .expect("run snapshot");
+    // The kernel's figure, read while the holder still holds.
+    let from_cgroup2 = std::fs::read_to_string(worker.dir.join("memory.current")).ok();
+    let rss_kib: u64 = std::fs::read_to_string(format!("/proc/{}/status", holder.id()))
+        .expect("status")
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let document: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let seen = document["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .find(|w| w["cgroup_id"] == worker.id)
+        .unwrap_or_else(|| panic!("worker missing from {document}"));
+    let memory = &seen["memory"];
+    let current = memory["current_bytes"].as_u64().expect("current_bytes");
+    let (expected_source, kernel_bytes) = match &from_cgroup2 {
+        Some(text) => (
+            "cgroup2",
+            text.trim().parse::<u64>().expect("memory.current"),
+        ),
+        None => ("rss", rss_kib * 1024),
+    };
+    eprintln!("memory: {memory} against the kernel's {kernel_bytes} ({expected_source})");
+    assert_eq!(memory["source"], expected_source, "{memory}");
+    assert!(current >= 64 << 20, "{current} bytes for 64 MiB held");
+    let error = (current as f64 - kernel_bytes as f64).abs() / kernel_bytes as f64;
+    assert!(
+        error < 0.05,
+        "{current} bytes against the kernel's {kernel_bytes}"
+    );
+    assert!(
+        memory["peak_bytes"]
+            .as_u64()
+            .is_some_and(|peak| peak >= current)
+    );
+}

@@ -81,6 +81,8 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
     let mut collector =
         watch::Watcher::new(start_collector(&args.probe)?, selection.clone()).without_memory();
     let mut previous = collector.sample()?;
+    // Only the active workers' memory is read, each tick (idle ones are not shown).
+    let mut memory = crate::memory::MemoryReader::new();
     let mut ticker = tokio::time::interval(args.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await; // the first tick is immediate
@@ -107,6 +109,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
                         let current = collector.sample()?;
                         let mut interval = model::diff(Some(&previous), &current);
                         interval.retain_selected(&selection);
+                        memory.read_active(&mut interval, |path| collector.collector().cgroups().dir_of(path));
                         previous = current;
                         // Sampling goes on while paused, so the first interval after resuming is
                         // one tick long.
@@ -143,6 +146,9 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
         let current = collector.sample()?;
         let mut interval = model::diff(Some(&previous), &current);
         interval.retain_selected(&selection);
+        memory.read_active(&mut interval, |path| {
+            collector.collector().cgroups().dir_of(path)
+        });
         let text = table::render(&interval, args.limit);
         let mut stdout = std::io::stdout().lock();
         if write!(stdout, "{text}")
@@ -176,6 +182,8 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
     }
     let mut interval = model::diff(Some(&start), &end);
     interval.retain_selected(&selection);
+    crate::memory::MemoryReader::new()
+        .read_active(&mut interval, |path| collector.cgroups().dir_of(path));
     let text = if args.json {
         let document =
             SnapshotDocument::new(&interval, NodeFacts::read(), &args.probe.endpoint_namer());

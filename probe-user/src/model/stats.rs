@@ -49,6 +49,9 @@ pub struct WorkerStats {
     pub total_received_bytes: u64,
     /// Remote endpoints in the interval (those with any call), by kernel key.
     pub endpoints: Vec<super::endpoints::EndpointDelta>,
+    /// Memory at the end of the interval, read from the cgroup (not by the programs); `None`
+    /// when not read or no source had it.
+    pub memory: Option<super::MemoryReading>,
 }
 
 impl WorkerStats {

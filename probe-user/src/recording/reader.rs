@@ -81,10 +81,19 @@ impl Tick {
         (before, after)
     }
 
-    /// What each worker did in the tick, through the same `model::diff` as `top`.
+    /// What each worker did in the tick, through the same `model::diff` as `top`, with the
+    /// memory the recorder read at its end.
     pub fn interval(&self) -> Interval {
         let (before, after) = self.samples();
-        diff(Some(&before), &after)
+        let mut interval = diff(Some(&before), &after);
+        for worker in &mut interval.workers {
+            worker.memory = self
+                .workers
+                .iter()
+                .find(|line| line.cgroup_id == worker.cgroup_id)
+                .and_then(|line| line.memory);
+        }
+        interval
     }
 }
 

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::{
     model::{
-        Interval, Measured, WorkerStats,
+        Interval, Measured, MemoryReading, WorkerStats,
         endpoints::{EndpointNamer, by_label},
         identity::{WorkerKind, identify},
     },
@@ -78,6 +78,9 @@ pub struct WorkerDocument {
     pub net: Option<NetDocument>,
     /// Per remote endpoint, busiest first; null when not measured.
     pub endpoints: Option<Vec<EndpointDocument>>,
+    /// Memory at the end of the window (`current_bytes`, `peak_bytes`, `source`), as a
+    /// recording's tick line has it; null when no source had it.
+    pub memory: Option<MemoryReading>,
 }
 
 /// CPU use of a worker in a window.
@@ -295,6 +298,7 @@ impl WorkerDocument {
             endpoints: measured
                 .endpoints
                 .then(|| endpoint_documents(worker, measured, namer)),
+            memory: worker.memory,
         }
     }
 }

@@ -26,7 +26,7 @@ pub fn render(interval: &Interval, limit: usize) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<PATH_WIDTH$} {:>6}  {:<16} {:<19} {:<20} {:>10} {:>10} {:>9} {:>9} {:>9}",
+        "{:<PATH_WIDTH$} {:>6}  {:<16} {:<19} {:<20} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
         "WORKER",
         "CORES",
         "PER-CPU",
@@ -34,6 +34,7 @@ pub fn render(interval: &Interval, limit: usize) -> String {
         "WAITING ON",
         "SEND/s",
         "RECV/s",
+        "MEM",
         "CPU-TOTAL",
         "SENT",
         "RECV"
@@ -50,7 +51,7 @@ pub fn render(interval: &Interval, limit: usize) -> String {
     for worker in active.iter().take(limit) {
         let _ = writeln!(
             out,
-            "{:<PATH_WIDTH$} {:>6.2}  {:<16} {:<19} {:<20} {:>10} {:>10} {:>9} {:>9} {:>9}",
+            "{:<PATH_WIDTH$} {:>6.2}  {:<16} {:<19} {:<20} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
             shorten(&worker_label(worker), PATH_WIDTH),
             worker.cpu_cores(),
             per_cpu(worker),
@@ -68,6 +69,10 @@ pub fn render(interval: &Interval, limit: usize) -> String {
                 "{}/s",
                 bytes(worker.received_bytes_per_second() as u64)
             )),
+            // Memory in use at the end of the interval; `n/a` where no source had it.
+            worker
+                .memory
+                .map_or(NOT_MEASURED.into(), |memory| bytes(memory.current_bytes)),
             format!("{:.2}s", worker.total_cpu_ns as f64 / 1e9),
             net(bytes(worker.total_sent_bytes)),
             net(bytes(worker.total_received_bytes)),

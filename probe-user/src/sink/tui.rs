@@ -335,7 +335,7 @@ fn header_line(interval: &Interval, view: &TopView, shown: usize) -> Line<'stati
 }
 
 /// Column titles and widths of the worker table (the first, WORKER, takes what is left).
-const COLUMNS: [(&str, u16); 12] = [
+const COLUMNS: [(&str, u16); 13] = [
     ("WORKER", 0),
     ("CORES", 6),
     ("CPU%", 6),
@@ -345,6 +345,7 @@ const COLUMNS: [(&str, u16); 12] = [
     ("WAITING ON", 20),
     ("SEND/s", 11),
     ("RECV/s", 11),
+    ("MEM", 9),
     ("CPU-TOTAL", 10),
     ("SENT", 9),
     ("RECV", 9),
@@ -411,6 +412,9 @@ fn render_table(
                 "{}/s",
                 bytes(worker.received_bytes_per_second() as u64)
             )),
+            worker
+                .memory
+                .map_or(NOT_MEASURED.into(), |memory| bytes(memory.current_bytes)),
             format!("{:.2}s", worker.total_cpu_ns as f64 / 1e9),
             net(bytes(worker.total_sent_bytes)),
             net(bytes(worker.total_received_bytes)),
@@ -960,6 +964,7 @@ mod tests {
             "SLEEP%",
             "SEND/s",
             "RECV/s",
+            "MEM",
             "CPU-TOTAL",
             "SENT",
             "RECV",

@@ -34,6 +34,8 @@
 //! - `cpu-mix MS`: one thread runs MS of CPU time, about half in user mode (a busy loop) and
 //!   half in the kernel (1-byte reads of /dev/zero); prints its own `getrusage` split
 //!   `{"utime_ns","stime_ns"}`.
+//! - `hold MIB MS`: allocates MIB MiB and writes every page (resident), prints `ready`, then
+//!   for MS of wall time spins 1 ms in every 10 (active, so a table shows it) and exits.
 //! - `life MS`: one thread: spin MS of CPU time, nap 5 × MS/5, fsync 10 times in $WP_SCRATCH
 //!   (default /var/tmp); prints `{"lived_ns"}`, its life from the start of `main`.
 
@@ -69,6 +71,7 @@ fn main() {
         }
         "reasons" => reasons(arg(1), arg(2)),
         "cpu-mix" => cpu_mix(num(arg(1))),
+        "hold" => hold(num(arg(1)), num(arg(2))),
         "fetch" => fetch(arg(1), num(arg(2)), num(arg(3)), arg(4), num(arg(5))),
         "fanout" => fanout(&args[1..args.len() - 1], num(&args[args.len() - 1])),
         "nap" => {
@@ -274,6 +277,22 @@ fn wait_for_go() {
     while !GO.load(std::sync::atomic::Ordering::SeqCst) {
         std::hint::spin_loop();
     }
+}
+
+fn hold(mib: u64, ms: u64) {
+    let mut held = vec![0u8; (mib as usize) << 20];
+    for page in held.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    std::hint::black_box(&held);
+    announce_ready();
+    // Active in any window of 10 ms or more, at a tenth of a core.
+    let until = std::time::Instant::now() + Duration::from_millis(ms);
+    while std::time::Instant::now() < until {
+        spin_wall(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(9));
+    }
+    std::hint::black_box(&held);
 }
 
 fn announce_ready() {
