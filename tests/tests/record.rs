@@ -210,6 +210,21 @@ fn replay_reproduces_the_live_totals() {
         assert_eq!(document["schema_version"], 1);
         assert!(windows.insert(document["window"]["end_monotonic_ns"].as_u64()));
     }
+    // Replayed, each worker carries the memory its tick line recorded.
+    let replayed_memory = documents
+        .iter()
+        .flat_map(|document| document["workers"].as_array().expect("workers").iter())
+        .filter(|worker| worker["cgroup_id"] == sender.id && !worker["memory"].is_null())
+        .map(|worker| worker["memory"].clone())
+        .collect::<Vec<_>>();
+    let recorded_memory = lines
+        .iter()
+        .filter(|line| line["type"] == "tick" && line["cgroup_id"] == sender.id)
+        .filter(|line| !line["memory"].is_null())
+        .map(|line| line["memory"].clone())
+        .collect::<Vec<_>>();
+    assert!(!recorded_memory.is_empty(), "no memory recorded");
+    assert_eq!(replayed_memory, recorded_memory);
     // Replayed, the ticks add up to the live totals: bytes to the byte, CPU to the ns.
     let sent_bytes = replayed_sum(&documents, sender.id, "/net/sent_bytes");
     assert_eq!(sent_bytes as u64, field(&sent, "sent_bytes"));
