@@ -275,6 +275,15 @@ fn exec_reports_cpu_like_cpu_stat_and_exact_bytes() {
         summary["net"]["sent_calls"].as_u64(),
         Some(field(&sent, "sent_calls"))
     );
+    // Per family, the same four figures in the same shape as a tick line and a snapshot.
+    assert_eq!(
+        summary["net"]["families"]["ipv4"]["sent_bytes"].as_u64(),
+        Some(field(&sent, "sent_bytes"))
+    );
+    assert_eq!(
+        summary["net"]["families"]["ipv4"]["sent_calls"].as_u64(),
+        Some(field(&sent, "sent_calls"))
+    );
     assert_eq!(
         field(&received, "received_bytes"),
         field(&sent, "sent_bytes")

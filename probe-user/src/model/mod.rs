@@ -17,4 +17,6 @@ pub use stats::{Delays, FamilyDelta, Interval, WorkerStats, diff, split_user_sys
 
 /// Version of every JSON layout workerprobe writes (documents, exit records, recordings);
 /// bumped when a field changes meaning or goes away (adding a field does not bump it).
-pub const SCHEMA_VERSION: u32 = 1;
+/// 2: an exit record's `net.families` holds the four figures per family as an object, as
+/// tick lines and `snapshot --json` do (it was `[sent_bytes, received_bytes]`).
+pub const SCHEMA_VERSION: u32 = 2;

@@ -173,8 +173,22 @@ pub struct SummaryNet {
     pub sent_calls: u64,
     /// Receive calls.
     pub received_calls: u64,
-    /// Per family (families without traffic omitted): [sent, received] bytes.
-    pub families: BTreeMap<&'static str, [u64; 2]>,
+    /// The same four per family (ipv4, ipv6, unix, other; families without calls omitted),
+    /// as a tick line and `snapshot --json` have them.
+    pub families: BTreeMap<&'static str, SummaryFamily>,
+}
+
+/// One family's socket payload over the worker's life.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SummaryFamily {
+    /// Bytes sent.
+    pub sent_bytes: u64,
+    /// Bytes received.
+    pub received_bytes: u64,
+    /// Send calls.
+    pub sent_calls: u64,
+    /// Receive calls.
+    pub received_calls: u64,
 }
 
 /// Memory over the worker's life.
@@ -258,7 +272,17 @@ impl ExitSummary {
             .iter()
             .zip(FAMILY_NAMES)
             .filter(|(family, _)| family.sent_calls + family.received_calls > 0)
-            .map(|(family, name)| (name, [family.sent_bytes, family.received_bytes]))
+            .map(|(family, name)| {
+                (
+                    name,
+                    SummaryFamily {
+                        sent_bytes: family.sent_bytes,
+                        received_bytes: family.received_bytes,
+                        sent_calls: family.sent_calls,
+                        received_calls: family.received_calls,
+                    },
+                )
+            })
             .collect();
         let quantile = |q: f64| delays.runqueue_wait_quantile_ns(q).map(seconds);
         let peak = memory
@@ -421,7 +445,11 @@ mod tests {
         assert_eq!(summary.lithops.worker_func_sent_net_io, Some(1234));
         assert_eq!(summary.lithops.worker_peak_memory, Some(300));
         assert_eq!(summary.context_switches.voluntary, 3);
-        assert_eq!(summary.net.as_ref().unwrap().families["ipv4"], [1234, 0]);
+        let ipv4 = &summary.net.as_ref().unwrap().families["ipv4"];
+        assert_eq!(
+            (ipv4.sent_bytes, ipv4.sent_calls, ipv4.received_bytes),
+            (1234, 2, 0)
+        );
         let json = serde_json::to_value(&summary).expect("json");
         assert_eq!(json["type"], "exit");
         assert_eq!(json["kind"], "systemd_service");
