@@ -307,6 +307,12 @@ fn exec_reports_cpu_like_cpu_stat_and_exact_bytes() {
             .is_some_and(|peak| peak > 0),
         "{summary}"
     );
+    // Lithops' own name for the peak at the call's end.
+    assert_eq!(
+        summary["lithops"]["worker_peak_memory_end"],
+        summary["memory"]["peak_bytes"]
+    );
+    assert!(summary["lithops"].get("worker_peak_memory").is_none());
     // Where cgroup2 has the memory controller (pure cgroup2 hosts), exec turns it on for its
     // cgroups and the peak is the kernel's own memory.peak; on hybrid hosts, the v1 cgroup's.
     let cgroup2_memory = cgroup::read_controllers(&mount.join("cgroup.controllers"))

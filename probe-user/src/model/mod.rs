@@ -18,5 +18,6 @@ pub use stats::{Delays, FamilyDelta, Interval, WorkerStats, diff, split_user_sys
 /// Version of every JSON layout workerprobe writes (documents, exit records, recordings);
 /// bumped when a field changes meaning or goes away (adding a field does not bump it).
 /// 2: an exit record's `net.families` holds the four figures per family as an object, as
-/// tick lines and `snapshot --json` do (it was `[sent_bytes, received_bytes]`).
+/// tick lines and `snapshot --json` do (it was `[sent_bytes, received_bytes]`), and
+/// `lithops.worker_peak_memory` is `worker_peak_memory_end`, Lithops' own name.
 pub const SCHEMA_VERSION: u32 = 2;

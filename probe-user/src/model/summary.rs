@@ -228,8 +228,10 @@ pub struct LithopsView {
     pub worker_func_recv_net_io: Option<u64>,
     /// Resident memory at the last reading.
     pub worker_func_rss: Option<u64>,
-    /// Peak memory (Lithops takes ru_maxrss).
-    pub worker_peak_memory: Option<u64>,
+    /// Peak memory over the worker's life: Lithops' `worker_peak_memory_end` (its
+    /// ru_maxrss when the call ends). Lithops' `_start` (the peak before the call began) has
+    /// no counterpart in a cgroup's life, so it is not given.
+    pub worker_peak_memory_end: Option<u64>,
 }
 
 fn seconds(ns: u64) -> f64 {
@@ -371,7 +373,7 @@ impl ExitSummary {
                 worker_func_sent_net_io: measured.net.then(|| stats.sent_bytes()),
                 worker_func_recv_net_io: measured.net.then(|| stats.received_bytes()),
                 worker_func_rss: memory.as_ref().map(|memory| memory.last_bytes),
-                worker_peak_memory: peak,
+                worker_peak_memory_end: peak,
             },
             exec,
         }
@@ -443,7 +445,7 @@ mod tests {
         assert_eq!(summary.lithops.worker_func_cpu_usage, vec![50.0, 25.0]);
         assert_eq!(summary.lithops.worker_func_cpu_user_time, Some(1.0));
         assert_eq!(summary.lithops.worker_func_sent_net_io, Some(1234));
-        assert_eq!(summary.lithops.worker_peak_memory, Some(300));
+        assert_eq!(summary.lithops.worker_peak_memory_end, Some(300));
         assert_eq!(summary.context_switches.voluntary, 3);
         let ipv4 = &summary.net.as_ref().unwrap().families["ipv4"];
         assert_eq!(

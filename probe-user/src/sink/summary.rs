@@ -155,7 +155,7 @@ pub fn report(summary: &ExitSummary) -> String {
             let _ = writeln!(out, "  endpoint   … {} more", endpoints.len() - 5);
         }
     }
-    match (&summary.memory, summary.lithops.worker_peak_memory) {
+    match (&summary.memory, summary.lithops.worker_peak_memory_end) {
         (Some(memory), _) => {
             let _ = writeln!(
                 out,
