@@ -304,6 +304,16 @@ fn every_bad_flag_value_names_the_flag_and_exits_2() {
 }
 
 #[test]
+fn plot_refuses_a_name_of_another_format() {
+    let fixture = Fixture::new("plot-png");
+    let args = &["plot", "rec.jsonl", "--out", "x.png"];
+    let output = run_in(&fixture.dir, args);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert_one_sentence(&output, args, "plot draws SVG, not .png");
+    assert!(!fixture.dir.join("x.png").exists(), "SVG written as x.png");
+}
+
+#[test]
 fn record_adds_to_a_recording_only_with_append_and_never_to_other_files() {
     let fixture = Fixture::new("record-append");
     for (args, expected, file) in [
@@ -315,6 +325,12 @@ fn record_adds_to_a_recording_only_with_append_and_never_to_other_files() {
         (
             &["record", "--out", "notes.txt", "--append"],
             "not a workerprobe recording",
+            "notes.txt",
+        ),
+        // plot draws SVG and never writes it under another format's name.
+        (
+            &["plot", "rec.jsonl", "--out", "notes.txt"],
+            "give a file name ending in .svg",
             "notes.txt",
         ),
     ] {

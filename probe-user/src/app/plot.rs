@@ -18,6 +18,7 @@ use crate::{
 
 /// `workerprobe plot`.
 pub fn plot(args: &PlotArgs) -> anyhow::Result<()> {
+    refuse_other_formats(&args.input.out)?;
     let picture = load(&args.input)?;
     let text = svg::render(
         &picture,
@@ -28,6 +29,21 @@ pub fn plot(args: &PlotArgs) -> anyhow::Result<()> {
     )
     .context("drawing the plot")?;
     write_out(&args.input.out, text.as_bytes(), &picture, "plot")
+}
+
+/// The plot is SVG: a name that says another format (x.png, x.pdf) would hold SVG under a
+/// false name, so it is refused before anything is read or written.
+fn refuse_other_formats(out: &Path) -> anyhow::Result<()> {
+    match out.extension().and_then(|extension| extension.to_str()) {
+        Some(extension) if !extension.eq_ignore_ascii_case("svg") => {
+            Err(crate::error::UserError::BadInput(format!(
+                "--out {}: plot draws SVG, not .{extension}: give a file name ending in .svg",
+                out.display()
+            ))
+            .into())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Reads the recording and builds the picture of the workers and window asked for; every
