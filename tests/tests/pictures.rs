@@ -146,6 +146,11 @@ fn plot_trace_and_report_draw_a_real_recording() {
     ] {
         assert!(svg.contains(label), "the plot has no {label:?}");
     }
+    // Bytes in IEC units, as every text of workerprobe writes them.
+    assert!(svg.contains("iB"), "no IEC unit in the plot");
+    for si in [" kB<", " MB<", " GB<", " kB/s<", " MB/s<"] {
+        assert!(!svg.contains(si), "an SI unit ({si:?}) in the plot");
+    }
     // --worker keeps one; --from/--to cut the window.
     let one = temp_path("one.svg");
     let short_pattern = format!("*{}", workers[2].rsplit('-').next().expect("suffix"));

@@ -356,7 +356,7 @@ mod tests {
         assert!(page.contains(r#"<table class="sortable" id="exits">"#));
         // The exit row of w3: 7 bytes sent, 4096 bytes peak.
         assert!(
-            page.contains(r#"<td class="n" data-v="4096">4.1 kB</td>"#),
+            page.contains(r#"<td class="n" data-v="4096">4 KiB</td>"#),
             "{page}"
         );
         assert_eq!(page.matches("<tr>").count(), 1 + 1 + 1 + 3);

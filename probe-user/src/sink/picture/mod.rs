@@ -10,17 +10,18 @@ pub mod series;
 pub mod svg;
 pub mod trace;
 
-/// Bytes for a person, in SI units (powers of 1000, so a log axis reads 1 MB, 10 MB, 100 MB):
-/// `512 B`, `0.5 B`, `1.50 kB`, `25.0 MB`, `1.00 GB`.
+/// Bytes for a person, in IEC units (powers of 1024) as every text of workerprobe writes them,
+/// so a log axis on powers of two reads 1 MiB, 4 MiB, 16 MiB: `512 B`, `0.5 B`, `1.5 KiB`,
+/// `25.0 MiB`, `1 GiB`.
 pub fn format_bytes(bytes: f64) -> String {
-    const UNITS: [&str; 6] = ["B", "kB", "MB", "GB", "TB", "PB"];
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     if !bytes.is_finite() {
         return "-".into();
     }
     let mut value = bytes;
     let mut unit = 0;
-    while value.abs() >= 1000.0 && unit + 1 < UNITS.len() {
-        value /= 1000.0;
+    while value.abs() >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
         unit += 1;
     }
     if value == value.round() && (unit == 0 || value.abs() >= 100.0) {
@@ -58,11 +59,12 @@ mod tests {
         assert_eq!(format_bytes(0.0), "0 B");
         assert_eq!(format_bytes(512.0), "512 B");
         assert_eq!(format_bytes(0.4), "0.4 B");
-        assert_eq!(format_bytes(1500.0), "1.5 kB");
-        assert_eq!(format_bytes(1e6), "1 MB");
-        assert_eq!(format_bytes(25.04e6), "25.0 MB");
-        assert_eq!(format_bytes(3.162e6), "3.16 MB");
-        assert_eq!(format_bytes(4096.0), "4.1 kB");
+        assert_eq!(format_bytes(1536.0), "1.5 KiB");
+        assert_eq!(format_bytes(1048576.0), "1 MiB");
+        assert_eq!(format_bytes(25.04 * 1048576.0), "25.0 MiB");
+        assert_eq!(format_bytes(3.16 * 1048576.0), "3.16 MiB");
+        assert_eq!(format_bytes(4096.0), "4 KiB");
+        assert_eq!(format_bytes(4000.0), "3.91 KiB");
         assert_eq!(format_bytes(f64::NAN), "-");
         assert_eq!(format_seconds(1.5), "1.5");
         assert_eq!(format_seconds(12.0), "12");

@@ -419,7 +419,8 @@ struct LinePanel<'a> {
     id: &'a str,
     title: &'a str,
     y_desc: &'a str,
-    /// Draw log10 of the values (memory spans orders of magnitude across workers).
+    /// Draw log2 of the values (memory spans orders of magnitude across workers; base 2, so
+    /// the axis falls on whole KiB, MiB, GiB).
     log: bool,
     /// Formats an axis value (the value itself, not its log).
     format: &'a dyn Fn(f64) -> String,
@@ -438,7 +439,7 @@ fn draw_lines(
 ) -> Drawn {
     let transform = |value: f64| {
         if panel.log {
-            value.max(1.0).log10()
+            value.max(1.0).log2()
         } else {
             value
         }
@@ -457,10 +458,11 @@ fn draw_lines(
         (low.min(y), high.max(y))
     });
     let y_range = if panel.log {
+        // A quarter of a doubling of room above and below; one flat line gets a doubling each way.
         if low.is_finite() && high > low {
-            (low - 0.1)..(high + 0.1)
+            (low - 0.33)..(high + 0.33)
         } else if low.is_finite() {
-            (low - 0.5)..(low + 0.5)
+            (low - 1.0)..(low + 1.0)
         } else {
             0.0..1.0
         }
@@ -484,7 +486,7 @@ fn draw_lines(
         .x_label_area_size(40)
         .y_label_area_size(90)
         .build_cartesian_2d(x_range, y_range)?;
-    let label = |y: &f64| (panel.format)(if panel.log { 10f64.powf(*y) } else { *y });
+    let label = |y: &f64| (panel.format)(if panel.log { 2f64.powf(*y) } else { *y });
     chart
         .configure_mesh()
         .x_desc("time since the first tick (s)")
