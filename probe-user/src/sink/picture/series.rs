@@ -192,17 +192,46 @@ impl WorkerSeries {
             0.0
         }
     }
+
+    /// Seconds of its threads' time (as a share of each tick, times the tick) spent waiting
+    /// on the network or the disk.
+    pub fn io_wait_thread_seconds(&self) -> f64 {
+        use probe_common::wait::{WAIT_DISK, WAIT_NETWORK};
+        self.points
+            .iter()
+            .map(|point| {
+                (point.wait_shares[WAIT_NETWORK as usize] + point.wait_shares[WAIT_DISK as usize])
+                    * (point.end_seconds - point.start_seconds)
+            })
+            .sum()
+    }
 }
 
 impl Picture {
-    /// The `count` busiest workers (most CPU time, then most bytes), busiest first: the
-    /// ones given their own series when there are too many to tell apart.
+    /// The `count` busiest workers, busiest first: the ones given their own series when
+    /// there are too many to tell apart. A worker's score is its largest share of the
+    /// busiest worker's CPU time, bytes, or time waiting on network and disk, so a worker
+    /// that only moves bytes or only waits on a store ranks beside the CPU-bound ones.
     pub fn busiest(&self, count: usize) -> Vec<&WorkerSeries> {
+        let bytes = |w: &WorkerSeries| (w.sent_bytes + w.received_bytes) as f64;
+        let io_wait = |w: &WorkerSeries| w.io_wait_thread_seconds();
+        let most = |measure: &dyn Fn(&WorkerSeries) -> f64| {
+            self.workers.iter().map(measure).fold(0.0, f64::max)
+        };
+        let (most_cpu, most_bytes, most_io_wait) =
+            (most(&|w| w.cpu_seconds), most(&bytes), most(&io_wait));
+        let share = |value: f64, most: f64| if most > 0.0 { value / most } else { 0.0 };
+        let score = |w: &WorkerSeries| {
+            share(w.cpu_seconds, most_cpu)
+                .max(share(bytes(w), most_bytes))
+                .max(share(io_wait(w), most_io_wait))
+        };
         let mut workers: Vec<&WorkerSeries> = self.workers.iter().collect();
         workers.sort_by(|a, b| {
-            b.cpu_seconds
-                .total_cmp(&a.cpu_seconds)
-                .then((b.sent_bytes + b.received_bytes).cmp(&(a.sent_bytes + a.received_bytes)))
+            score(b)
+                .total_cmp(&score(a))
+                .then(b.cpu_seconds.total_cmp(&a.cpu_seconds))
+                .then(bytes(b).total_cmp(&bytes(a)))
                 .then(a.path.cmp(&b.path))
         });
         workers.truncate(count);
@@ -646,6 +675,23 @@ pub(crate) mod tests {
 
     pub(crate) fn recording(lines: &[String]) -> Recording {
         parse_recording("rec.jsonl", lines.join("\n").as_bytes()).expect("parses")
+    }
+
+    #[test]
+    fn busiest_keeps_a_worker_that_only_moves_bytes() {
+        // Three CPU-bound workers and one that only sends: two places, one for the sender.
+        let mut lines = vec![header()];
+        for id in 1..=3 {
+            lines.push(tick(1, id, 2, 0.5 + 0.1 * id as f64, 0));
+        }
+        lines.push(tick(1, 9, 2, 0.0, 50_000_000));
+        let picture = build(&recording(&lines), &everything(), "rec.jsonl").expect("builds");
+        let paths: Vec<&str> = picture
+            .busiest(2)
+            .iter()
+            .map(|worker| worker.path.as_str())
+            .collect();
+        assert_eq!(paths, ["/w3", "/w9"]);
     }
 
     pub(crate) fn everything() -> Choice {
