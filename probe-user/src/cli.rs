@@ -166,8 +166,9 @@ pub struct PictureArgs {
 pub struct PlotArgs {
     #[command(flatten)]
     pub input: PictureArgs,
-    /// How many workers (the busiest by CPU time, bytes, or waiting on network and disk, whichever is largest against the busiest worker) get a series in the per-worker panels;
-    /// the Gantt always shows every worker.
+    /// How many workers get a series in the per-worker panels: the busiest by CPU time,
+    /// bytes, or waiting on network and disk, whichever is largest against the busiest
+    /// worker's; the Gantt always shows every worker.
     #[arg(long, default_value_t = crate::sink::picture::svg::DEFAULT_BUSIEST, value_parser = parse_count::<u16, 1, 200>)]
     pub busiest: u16,
     /// One CPU panel per CPU (cores of that CPU each worker used) instead of total cores.
