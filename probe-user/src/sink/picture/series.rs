@@ -427,7 +427,10 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
             series.received_bytes = row.received_bytes.unwrap_or(0);
             series.peak_memory_bytes = row.peak_memory_bytes;
         }
-        series.exit = Some(row);
+        // A worker that ended after the window was alive at its end: no exit there.
+        if row.end_seconds <= to_seconds {
+            series.exit = Some(row);
+        }
     }
     let mut builders = builders.series;
     if builders.is_empty() {
@@ -743,6 +746,26 @@ pub(crate) mod tests {
         assert_eq!(picture.exits().len(), 1);
         assert_eq!(picture.busiest(1)[0].path, "/w1");
         assert_eq!(picture.cpu_count(), 2);
+    }
+
+    #[test]
+    fn a_worker_alive_at_the_windows_end_has_no_exit_in_it() {
+        let choice = Choice {
+            to: Some(At::FromStart(Duration::from_millis(1800))),
+            ..everything()
+        };
+        let picture = build(&sample(), &choice, "rec.jsonl").expect("builds");
+        let w3 = picture
+            .workers
+            .iter()
+            .find(|worker| worker.path == "/w3")
+            .expect("w3 lived in the window");
+        assert_eq!((w3.start_seconds, w3.end_seconds), (1.5, 1.8));
+        assert!(
+            w3.exit.is_none(),
+            "an exit mark for a worker alive at the end"
+        );
+        assert!(picture.exits().is_empty());
     }
 
     #[test]
