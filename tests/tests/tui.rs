@@ -21,16 +21,17 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 const KEY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A tmux server of its own (so no user configuration or session is touched) running one
-/// command in a 160x40 pane. Dropping it kills the server, and with it the command.
+/// command in a pane 40 lines high. Dropping it kills the server, and with it the command.
 struct Tmux {
     socket: String,
 }
 
 impl Tmux {
-    /// Starts `command` (run by `sh -c`) in a detached session named for this process and
-    /// `test`, so tests running side by side each have their own server. The pane stays after
-    /// the command exits, so its exit and the terminal state it left can be read.
-    fn start(test: &str, command: &str) -> Self {
+    /// Starts `command` (run by `sh -c`) in a detached session `width` columns wide, named
+    /// for this process and `test`, so tests running side by side each have their own
+    /// server. The pane stays after the command exits, so its exit and the terminal state it
+    /// left can be read.
+    fn start_with_width(test: &str, command: &str, width: u16) -> Self {
         require_root();
         let found = Command::new("tmux").arg("-V").output();
         assert!(
@@ -56,7 +57,7 @@ impl Tmux {
             "-s",
             &name,
             "-x",
-            "160",
+            &width.to_string(),
             "-y",
             "40",
             command,
@@ -161,13 +162,19 @@ impl Drop for KillOnDrop {
 /// `workerprobe top` in the pane, then what the terminal was left like: its exit status
 /// and `stty -a`, which shows whether raw mode was undone.
 fn top_in_tmux(test: &str) -> Tmux {
+    top_in_tmux_with_width(test, 160)
+}
+
+/// As `top_in_tmux`, in a pane `width` columns wide.
+fn top_in_tmux_with_width(test: &str, width: u16) -> Tmux {
     let agent = workerprobe_path();
-    Tmux::start(
+    Tmux::start_with_width(
         test,
         &format!(
             "'{}' top --interval 500ms; echo \"top exited: $?\"; stty -a",
             agent.display()
         ),
+        width,
     )
 }
 
@@ -258,6 +265,77 @@ fn top_screen_sorts_filters_and_quits_cleanly() {
     tmux.send(&["q"]);
     let screen = tmux.wait_exit(KEY_TIMEOUT);
     assert_terminal_restored(&screen);
+}
+
+/// On an 80-column terminal no number is cut: columns go whole, in a stated order, and a
+/// long path is shortened in the middle.
+#[test]
+fn an_80_column_screen_drops_whole_columns_and_cuts_no_number() {
+    require_root();
+    let cgroup = TestCgroup::new("tui-narrow-with-a-long-name-to-shorten");
+    let name = cgroup
+        .dir
+        .file_name()
+        .and_then(|name| name.to_str())
+        .expect("cgroup name")
+        .to_string();
+    let _holder = KillOnDrop(cgroup.spawn_workload(&["hold", "64", "60000"]));
+    let tmux = top_in_tmux_with_width("narrow", 80);
+    let tail = &name[name.len() - 12..];
+    // Until its memory is on screen (read at the first tick it is active).
+    let screen = tmux.wait_for("the worker's row with memory", START_TIMEOUT, |screen| {
+        screen
+            .lines()
+            .any(|line| line.contains(tail) && line.trim_end().ends_with("MiB"))
+    });
+    let titles = [
+        "WORKER",
+        "CORES",
+        "CPU%",
+        "RUNQ%",
+        "IO%",
+        "SLEEP%",
+        "WAITING",
+        "ON",
+        "SEND/s",
+        "RECV/s",
+        "MEM",
+        "CPU-TOTAL",
+        "SENT",
+        "RECV",
+    ];
+    let table_header = screen
+        .lines()
+        .find(|line| line.contains("WORKER"))
+        .expect("table header");
+    for word in table_header.split_whitespace() {
+        let word = word.trim_end_matches(['▼', '▲']);
+        assert!(
+            titles.contains(&word),
+            "cut title {word:?} in {table_header:?}"
+        );
+    }
+    assert!(table_header.contains("MEM"), "{screen}");
+    let row = screen
+        .lines()
+        .find(|line| line.contains(tail))
+        .expect("the worker's row");
+    assert!(
+        row.contains('…'),
+        "the long path is not shortened in the middle: {row:?}"
+    );
+    // 64 MiB held: its memory reads whole, e.g. `66.1MiB`, never `6.1MiB` or `1MiB`.
+    let memory = row.split_whitespace().last().expect("a last cell");
+    let mib: f64 = memory
+        .strip_suffix("MiB")
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("memory cell {memory:?} in {row:?}"));
+    assert!(
+        (64.0..200.0).contains(&mib),
+        "{memory} for 64 MiB held: {row:?}"
+    );
+    tmux.send(&["q"]);
+    assert_terminal_restored(&tmux.wait_exit(KEY_TIMEOUT));
 }
 
 #[test]

@@ -351,6 +351,53 @@ const COLUMNS: [(&str, u16); 13] = [
     ("RECV", 9),
 ];
 
+/// Narrowest the WORKER column gets before other columns are dropped.
+const MIN_WORKER_WIDTH: u16 = 24;
+
+/// The order columns are dropped in as the terminal narrows (indexes into `COLUMNS`): the
+/// totals (RECV, SENT, CPU-TOTAL), WAITING ON, the split of the time (SLEEP%, IO%, RUNQ%),
+/// MEM, RECV/s, CPU%, SEND/s. A number is never cut: a column goes whole.
+const DROP_ORDER: [usize; 11] = [12, 11, 10, 6, 5, 4, 3, 9, 8, 2, 7];
+
+/// The columns that fit `width` (WORKER, CORES and the sort column `keep` always), in
+/// table order.
+fn visible_columns(width: u16, keep: &str) -> Vec<usize> {
+    let mut shown: Vec<usize> = (0..COLUMNS.len()).collect();
+    // The highlight symbol takes a cell, and each column after the first a space.
+    let needed = |shown: &[usize]| {
+        1 + MIN_WORKER_WIDTH
+            + shown
+                .iter()
+                .skip(1)
+                .map(|&column| COLUMNS[column].1 + 1)
+                .sum::<u16>()
+    };
+    for column in DROP_ORDER {
+        if needed(&shown) <= width {
+            break;
+        }
+        if COLUMNS[column].0 != keep {
+            shown.retain(|&kept| kept != column);
+        }
+    }
+    shown
+}
+
+/// `text` in at most `width` cells, shortened from the middle with `…` (a path keeps its
+/// root and its last component, the parts that name a worker).
+fn shorten_middle(text: &str, width: usize) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    if chars.len() <= width || width < 3 {
+        return text.to_string();
+    }
+    let tail = (width - 1) * 2 / 3;
+    let head = width - 1 - tail;
+    let mut out: String = chars[..head].iter().collect();
+    out.push('…');
+    out.extend(&chars[chars.len() - tail..]);
+    out
+}
+
 /// The worker table with the selected row highlighted and the sort column marked.
 fn render_table(
     frame: &mut Frame,
@@ -359,7 +406,17 @@ fn render_table(
     view: &TopView,
     measured: Measured,
 ) {
-    let header = Row::new(COLUMNS.iter().enumerate().map(|(column, &(title, _))| {
+    let shown = visible_columns(area.width, view.sort.title());
+    // What WORKER gets: the width left after the other columns shown and their spaces.
+    let worker_width = area.width.saturating_sub(
+        1 + shown
+            .iter()
+            .skip(1)
+            .map(|&column| COLUMNS[column].1 + 1)
+            .sum::<u16>(),
+    ) as usize;
+    let header = Row::new(shown.iter().map(|&column| {
+        let title = COLUMNS[column].0;
         let marked = if title == view.sort.title() {
             // Name sorts A to Z, every figure largest first.
             let arrow = if view.sort == SortKey::Name {
@@ -393,7 +450,7 @@ fn render_table(
         };
         let delays = &worker.delays;
         let cells = [
-            worker_label(worker),
+            shorten_middle(&worker_label(worker), worker_width),
             format!("{:.2}", worker.cpu_cores()),
             percent(worker.cpu_ns()),
             delay(delays.runqueue_wait_ns),
@@ -419,17 +476,20 @@ fn render_table(
             net(bytes(worker.total_sent_bytes)),
             net(bytes(worker.total_received_bytes)),
         ];
+        let mut cells = cells.map(Some);
         Row::new(
-            cells
-                .into_iter()
-                .enumerate()
-                .map(|(column, text)| aligned(text, column)),
+            shown
+                .iter()
+                .map(|&column| aligned(cells[column].take().unwrap_or_default(), column)),
         )
     });
-    let widths = COLUMNS.map(|(_, width)| match width {
-        0 => Constraint::Min(12),
-        width => Constraint::Length(width),
-    });
+    let widths: Vec<Constraint> = shown
+        .iter()
+        .map(|&column| match COLUMNS[column].1 {
+            0 => Constraint::Min(12),
+            width => Constraint::Length(width),
+        })
+        .collect();
     let table = Table::new(body, widths)
         .header(header)
         .row_highlight_style(Style::new().reversed())
@@ -805,6 +865,64 @@ mod tests {
             ],
             drops: vec![0, 0],
             total_drops: vec![0, 3],
+        }
+    }
+
+    #[test]
+    fn narrow_terminals_drop_whole_columns_and_shorten_paths_in_the_middle() {
+        let mut interval = interval();
+        let long = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b.slice/cri-containerd-4f3a9c1e.scope";
+        let mut wide = worker(7, long, [900_000_000, 0], 18_245_222, 0);
+        wide.memory = Some(crate::model::MemoryReading {
+            current_bytes: 503 << 20,
+            peak_bytes: 600 << 20,
+            source: crate::model::MemorySource::Cgroup2,
+        });
+        interval.workers.push(wide);
+        let mut view = TopView::new(10, 2);
+        view.sync(&interval);
+        let titles: Vec<&str> = COLUMNS.iter().map(|(title, _)| *title).collect();
+        for width in [80, 100, 120, 160, 200] {
+            let text = screen_text(&interval, &view, width, 30);
+            let lines: Vec<&str> = text.lines().collect();
+            let header = lines[1];
+            // Every title shown is whole (WAITING ON is two words).
+            let words = header.replace("WAITING ON", "WAITING_ON");
+            for word in words.split_whitespace() {
+                let word = word.trim_end_matches(['▼', '▲']).replace('_', " ");
+                assert!(
+                    titles.contains(&word.as_str()),
+                    "{width}: cut title {word:?} in {header:?}"
+                );
+            }
+            let row = lines
+                .iter()
+                .find(|line| line.contains("4f3a9c1e.scope"))
+                .unwrap_or_else(|| panic!("{width}: the long path's end is not shown:\n{text}"));
+            assert!(row.contains('…'), "{width}: {row:?}");
+            assert!(
+                row.trim_start_matches(['▶', ' ']).starts_with("/kube"),
+                "{width}: {row:?}"
+            );
+            if header.contains("MEM") {
+                assert!(row.contains(" 503MiB"), "{width}: memory cut in {row:?}");
+            }
+            if header.contains("SEND/s") {
+                assert!(row.contains(" 17.4MiB/s"), "{width}: rate cut in {row:?}");
+            }
+            assert!(
+                header.contains("CORES") && header.contains("CPU%▼"),
+                "{width}: {header}"
+            );
+        }
+        // At 200 columns everything fits.
+        let text = screen_text(&interval, &view, 200, 30);
+        let header = text.lines().nth(1).expect("header").to_string();
+        for title in titles.iter().skip(1) {
+            assert!(
+                header.contains(title),
+                "{title} missing at 200 columns: {header}"
+            );
         }
     }
 
