@@ -136,14 +136,19 @@ pub fn top_reasons(worker: &WorkerStats) -> String {
         .join(" ")
 }
 
-/// Keeps the end of a long path, where the worker's own name is.
-fn shorten(path: &str, width: usize) -> String {
-    let chars: Vec<char> = path.chars().collect();
-    if chars.len() <= width {
-        return path.to_string();
+/// `text` in at most `width` cells, shortened from the middle with `…` (a path keeps its
+/// root and its last component, the parts that name a worker).
+pub fn shorten(text: &str, width: usize) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    if chars.len() <= width || width < 3 {
+        return text.to_string();
     }
-    let tail: String = chars[chars.len() - (width - 1)..].iter().collect();
-    format!("…{tail}")
+    let tail = (width - 1) * 2 / 3;
+    let head = width - 1 - tail;
+    let mut out: String = chars[..head].iter().collect();
+    out.push('…');
+    out.extend(&chars[chars.len() - tail..]);
+    out
 }
 
 /// Bytes in IEC units with three significant digits.
@@ -181,12 +186,17 @@ mod tests {
     }
 
     #[test]
-    fn shortens_from_the_left() {
+    fn shortens_in_the_middle_keeping_root_and_last_component() {
         assert_eq!(shorten("/a/b", 10), "/a/b");
         assert_eq!(
-            shorten("/system.slice/worker-1.service", 12),
-            "…r-1.service"
+            shorten("/system.slice/worker-1.service", 16),
+            "/syst…-1.service"
         );
+        // A Kubernetes path keeps its kubepods root and the container's scope.
+        let pod = "/kubepods.slice/kubepods-pod1a2b.slice/cri-containerd-4f3a.scope";
+        let short = shorten(pod, 40);
+        assert_eq!(short.chars().count(), 40);
+        assert!(short.starts_with("/kubepods") && short.ends_with("cri-containerd-4f3a.scope"));
     }
 
     #[test]

@@ -383,21 +383,6 @@ fn visible_columns(width: u16, keep: &str) -> Vec<usize> {
     shown
 }
 
-/// `text` in at most `width` cells, shortened from the middle with `…` (a path keeps its
-/// root and its last component, the parts that name a worker).
-fn shorten_middle(text: &str, width: usize) -> String {
-    let chars: Vec<char> = text.chars().collect();
-    if chars.len() <= width || width < 3 {
-        return text.to_string();
-    }
-    let tail = (width - 1) * 2 / 3;
-    let head = width - 1 - tail;
-    let mut out: String = chars[..head].iter().collect();
-    out.push('…');
-    out.extend(&chars[chars.len() - tail..]);
-    out
-}
-
 /// The worker table with the selected row highlighted and the sort column marked.
 fn render_table(
     frame: &mut Frame,
@@ -450,7 +435,7 @@ fn render_table(
         };
         let delays = &worker.delays;
         let cells = [
-            shorten_middle(&worker_label(worker), worker_width),
+            super::table::shorten(&worker_label(worker), worker_width),
             format!("{:.2}", worker.cpu_cores()),
             percent(worker.cpu_ns()),
             delay(delays.runqueue_wait_ns),
