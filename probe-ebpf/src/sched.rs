@@ -188,11 +188,14 @@ fn keep_pending(state: &mut TaskState, slept_ns: u64, blocked_io: bool) {
     state.pending_reason = state.reason;
 }
 
-/// Rare path: a cgroup's first entry on this CPU, inserted at a wakeup.
+/// Rare path: a cgroup's first entry on this CPU, all zeros; `None` when the map is full.
 #[inline(never)]
 fn insert_zero_stats(cgroup_id: u64) -> Option<*mut CpuStats> {
+    // Insert zeros, then add: the value is too large to build on the BPF stack.
+    // By reference: a copy on the stack would take most of its 512 bytes.
     #[allow(clippy::needless_borrows_for_generic_args)]
     let _ = CPU_STATS.insert(cgroup_id, &ZERO_STATS, BPF_NOEXIST);
+    // Another CPU may have inserted the same cgroup a moment ago: either way, add to it.
     CPU_STATS.get_ptr_mut(cgroup_id)
 }
 
@@ -281,10 +284,10 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     let cgroup_id = task::cgroup_id(prev);
     if let Some(stats) = CPU_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: per-CPU value of this CPU; no other writer while we run.
-        unsafe { add_slice::<DELAYS, WAITS>(&mut *stats, state, prev, slice_ns, voluntary) };
+        unsafe { add_slice::<DELAYS>(&mut *stats, state, prev, slice_ns, voluntary) };
         return;
     }
-    insert_first_slice::<DELAYS, WAITS>(cgroup_id, state, prev, slice_ns, voluntary);
+    insert_first_slice::<DELAYS>(cgroup_id, state, prev, slice_ns, voluntary);
 }
 
 /// Notes how the task leaves the CPU: still runnable (the scheduler times that wait), or
@@ -348,7 +351,7 @@ fn wait_reason(prev: Task, uninterruptible: bool) -> (u32, i64) {
 /// Adds a slice, and with `DELAYS` the task's run-queue waits and pending sleeps, to its
 /// cgroup's counters.
 #[inline(always)]
-fn add_slice<const DELAYS: bool, const WAITS: bool>(
+fn add_slice<const DELAYS: bool>(
     stats: &mut CpuStats,
     state: &mut TaskState,
     prev: Task,
@@ -388,7 +391,8 @@ fn add_slice<const DELAYS: bool, const WAITS: bool>(
     }
 }
 
-/// Rare path: sleeps its wakeups could not charge (no room for its cgroup then).
+/// Rare path: sleeps not charged at a wakeup (no room for the cgroup then, or a wakeup the
+/// kernel hid, rebuilt at this switch-out).
 #[inline(never)]
 fn flush_pending(stats: &mut CpuStats, state: &mut TaskState) {
     stats.blocked_io_ns += state.pending_blocked_io_ns;
@@ -404,21 +408,16 @@ fn flush_pending(stats: &mut CpuStats, state: &mut TaskState) {
 
 /// Rare path: the first slice of a cgroup on this CPU since load.
 #[inline(never)]
-fn insert_first_slice<const DELAYS: bool, const WAITS: bool>(
+fn insert_first_slice<const DELAYS: bool>(
     cgroup_id: u64,
     state: &mut TaskState,
     prev: Task,
     slice_ns: u64,
     voluntary: bool,
 ) {
-    // Insert zeros, then add: the value is too large to build on the BPF stack.
-    // By reference: a copy on the stack would take most of its 512 bytes.
-    #[allow(clippy::needless_borrows_for_generic_args)]
-    let _ = CPU_STATS.insert(cgroup_id, &ZERO_STATS, BPF_NOEXIST);
-    // Another CPU may have inserted the same cgroup a moment ago: either way, add to it.
-    if let Some(stats) = CPU_STATS.get_ptr_mut(cgroup_id) {
+    if let Some(stats) = insert_zero_stats(cgroup_id) {
         // SAFETY: as above.
-        unsafe { add_slice::<DELAYS, WAITS>(&mut *stats, state, prev, slice_ns, voluntary) };
+        unsafe { add_slice::<DELAYS>(&mut *stats, state, prev, slice_ns, voluntary) };
     } else {
         count_drop(DROP_CPU_STATS);
     }
