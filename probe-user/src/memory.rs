@@ -66,6 +66,21 @@ impl MemoryReader {
         })
     }
 
+    /// Reads the memory of the workers active in `interval` (the ones a table shows) into
+    /// them; `dir_of` maps a worker's path to its cgroup2 directory. Idle workers are not
+    /// read, so a node of many idle cgroups costs nothing here.
+    pub fn read_active(
+        &mut self,
+        interval: &mut Interval,
+        mut dir_of: impl FnMut(&str) -> PathBuf,
+    ) {
+        for worker in interval.workers.iter_mut().filter(|w| w.is_active()) {
+            if let Some(path) = &worker.path {
+                worker.memory = self.read(&dir_of(path));
+            }
+        }
+    }
+
     /// The v1 memory cgroup of the worker's processes, if it holds nothing else.
     fn read_v1(&self, pids: &[u32]) -> Option<MemoryReading> {
         let mount = self.v1_memory_mount.as_ref()?;
@@ -91,23 +106,6 @@ impl MemoryReader {
             .filter_map(|pid| self.system.process(*pid))
             .map(|process| process.memory())
             .sum()
-    }
-}
-
-impl MemoryReader {
-    /// Reads the memory of the workers active in `interval` (the ones a table shows) into
-    /// them; `dir_of` maps a worker's path to its cgroup2 directory. Idle workers are not
-    /// read, so a node of many idle cgroups costs nothing here.
-    pub fn read_active(
-        &mut self,
-        interval: &mut Interval,
-        mut dir_of: impl FnMut(&str) -> PathBuf,
-    ) {
-        for worker in interval.workers.iter_mut().filter(|w| w.is_active()) {
-            if let Some(path) = &worker.path {
-                worker.memory = self.read(&dir_of(path));
-            }
-        }
     }
 }
 

@@ -72,6 +72,15 @@ impl TestCgroup {
         Self { dir, id }
     }
 
+    /// The directory's name (`workerprobe-test-<pid>-<name>`), as `--workers` matches it.
+    pub fn name(&self) -> String {
+        self.dir
+            .file_name()
+            .and_then(|name| name.to_str())
+            .expect("a UTF-8 cgroup name")
+            .to_string()
+    }
+
     /// The kernel's own CPU accounting of this cgroup.
     pub fn cpu_stat(&self) -> CpuStatUsec {
         cgroup::read_cpu_stat(&self.dir)

@@ -38,21 +38,9 @@ fn snapshot_json_reports_a_worker_cpu_and_bytes() {
             >= 4.0
     );
     assert_eq!(document["drops"]["cpu_stats"]["total"], 0);
-    let workers = document["workers"].as_array().expect("workers");
-    let find = |id: u64| {
-        workers
-            .iter()
-            .find(|w| w["cgroup_id"] == id)
-            .unwrap_or_else(|| panic!("worker {id} missing from {document}"))
-    };
-    let sender_doc = find(sender.id);
-    let receiver_doc = find(receiver.id);
-    let sender_path = sender
-        .dir
-        .file_name()
-        .expect("name")
-        .to_str()
-        .expect("utf-8");
+    let sender_doc = worker_in(&document, sender.id);
+    let receiver_doc = worker_in(&document, receiver.id);
+    let sender_path = &sender.name();
     assert!(
         sender_doc["path"]
             .as_str()
@@ -201,12 +189,7 @@ fn top_once_shows_a_sending_worker_and_its_bytes() {
         "top failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let name = sender
-        .dir
-        .file_name()
-        .expect("name")
-        .to_string_lossy()
-        .into_owned();
+    let name = sender.name();
     let row = stdout
         .lines()
         .find(|line| line.contains(&name))
@@ -242,12 +225,7 @@ fn cpu_only_shows_delays_and_bytes_as_not_measured() {
     let document: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
     assert_eq!(document["measured"]["net"], false);
     assert_eq!(document["measured"]["delays"], false);
-    let seen = document["workers"]
-        .as_array()
-        .expect("workers")
-        .iter()
-        .find(|w| w["cgroup_id"] == worker.id)
-        .unwrap_or_else(|| panic!("worker missing from {document}"));
+    let seen = worker_in(&document, worker.id);
     assert!(seen["net"].is_null() && seen["time"].is_null(), "{seen}");
     assert!(seen["cpu"]["seconds"].as_f64().is_some_and(|s| s > 0.05));
 }
@@ -270,12 +248,7 @@ fn snapshot_json_reports_a_worker_memory() {
     // Held long enough for a slow (debug, emulated) agent's start; killed once read.
     let mut holder = worker.spawn_workload(&["hold", "64", "60000"]);
     read_first_json_line(&mut holder);
-    let name = worker
-        .dir
-        .file_name()
-        .expect("name")
-        .to_string_lossy()
-        .into_owned();
+    let name = worker.name();
     let output = Command::new(workerprobe_path())
         .args(["snapshot", "--json", "--duration", "1s", "--workers", &name])
         .output()
@@ -296,12 +269,7 @@ fn snapshot_json_reports_a_worker_memory() {
         String::from_utf8_lossy(&output.stderr)
     );
     let document: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
-    let seen = document["workers"]
-        .as_array()
-        .expect("workers")
-        .iter()
-        .find(|w| w["cgroup_id"] == worker.id)
-        .unwrap_or_else(|| panic!("worker missing from {document}"));
+    let seen = worker_in(&document, worker.id);
     let memory = &seen["memory"];
     let current = memory["current_bytes"].as_u64().expect("current_bytes");
     let (expected_source, kernel_bytes) = match &from_cgroup2 {
@@ -324,4 +292,14 @@ fn snapshot_json_reports_a_worker_memory() {
             .as_u64()
             .is_some_and(|peak| peak >= current)
     );
+}
+
+/// The worker with cgroup id `id` in a `snapshot --json` document.
+fn worker_in(document: &serde_json::Value, id: u64) -> &serde_json::Value {
+    document["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .find(|w| w["cgroup_id"] == id)
+        .unwrap_or_else(|| panic!("worker {id} missing from {document}"))
 }

@@ -242,12 +242,7 @@ fn replay_reproduces_the_live_totals() {
     );
 
     // --worker keeps one worker; --at picks one tick and shows the same table as top.
-    let sender_name = sender
-        .dir
-        .file_name()
-        .expect("name")
-        .to_str()
-        .expect("utf-8");
+    let sender_name = &sender.name();
     let output = replay(&[
         "--json",
         "--worker",

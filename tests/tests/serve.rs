@@ -280,12 +280,7 @@ impl Drop for Prometheus {
 
 /// The cgroup path (the `worker` label) of a test cgroup.
 fn worker_label(cgroup: &TestCgroup) -> String {
-    let name = cgroup
-        .dir
-        .file_name()
-        .and_then(|name| name.to_str())
-        .expect("cgroup name");
-    format!("/{name}")
+    format!("/{}", cgroup.name())
 }
 
 /// The sum of a metric's samples whose labels contain `labels` (exposition text).

@@ -208,12 +208,7 @@ fn top_screen_sorts_filters_and_quits_cleanly() {
     require_root();
     // A worker known to be busy, with a name no other cgroup has, to filter on.
     let cgroup = TestCgroup::new("tui-spin");
-    let name = cgroup
-        .dir
-        .file_name()
-        .and_then(|name| name.to_str())
-        .expect("cgroup name")
-        .to_string();
+    let name = cgroup.name();
     let _spin = KillOnDrop(cgroup.spawn_workload(&["spin", "60000", "1"]));
     let tmux = top_in_tmux("keys");
 
@@ -273,12 +268,7 @@ fn top_screen_sorts_filters_and_quits_cleanly() {
 fn an_80_column_screen_drops_whole_columns_and_cuts_no_number() {
     require_root();
     let cgroup = TestCgroup::new("tui-narrow-with-a-long-name-to-shorten");
-    let name = cgroup
-        .dir
-        .file_name()
-        .and_then(|name| name.to_str())
-        .expect("cgroup name")
-        .to_string();
+    let name = cgroup.name();
     let _holder = KillOnDrop(cgroup.spawn_workload(&["hold", "64", "60000"]));
     let tmux = top_in_tmux_with_width("narrow", 80);
     let tail = &name[name.len() - 12..];

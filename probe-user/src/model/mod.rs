@@ -13,7 +13,10 @@ pub use sample::{
     CpuStatUsec, Drops, LifecycleEvent, Measured, MemoryReading, MemorySource, Sample,
     WorkerCounters,
 };
-pub use stats::{Delays, FamilyDelta, Interval, WorkerStats, diff, split_user_system, totals};
+pub use stats::{
+    Delays, FamilyDelta, FamilyTotals, Interval, WorkerStats, diff, families_with_calls,
+    split_user_system, totals,
+};
 
 /// Version of every JSON layout workerprobe writes (documents, exit records, recordings);
 /// bumped when a field changes meaning or goes away (adding a field does not bump it).

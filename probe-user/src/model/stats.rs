@@ -12,6 +12,40 @@ use crate::clock::Timestamp;
 /// Socket traffic of one family over an interval.
 pub type FamilyDelta = FamilyCounters;
 
+/// One family's socket payload and calls, as every JSON output writes it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FamilyTotals {
+    /// Payload bytes sent.
+    pub sent_bytes: u64,
+    /// Payload bytes received.
+    pub received_bytes: u64,
+    /// Successful send calls.
+    pub sent_calls: u64,
+    /// Successful receive calls.
+    pub received_calls: u64,
+}
+
+/// The families that had calls, by name (`probe_common::net::FAMILY_NAMES`).
+pub fn families_with_calls(
+    counters: &[FamilyCounters; FAMILY_COUNT],
+) -> impl Iterator<Item = (&'static str, FamilyTotals)> + '_ {
+    counters
+        .iter()
+        .zip(probe_common::net::FAMILY_NAMES)
+        .filter(|(family, _)| family.sent_calls + family.received_calls > 0)
+        .map(|(family, name)| {
+            (
+                name,
+                FamilyTotals {
+                    sent_bytes: family.sent_bytes,
+                    received_bytes: family.received_bytes,
+                    sent_calls: family.sent_calls,
+                    received_calls: family.received_calls,
+                },
+            )
+        })
+}
+
 /// One worker over one interval, plus its totals since the programs were loaded.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WorkerStats {

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use probe_common::net::FAMILY_NAMES;
 use serde::Serialize;
 
 use probe_common::wait::WAIT_NAMES;
@@ -175,20 +174,7 @@ pub struct SummaryNet {
     pub received_calls: u64,
     /// The same four per family (ipv4, ipv6, unix, other; families without calls omitted),
     /// as a tick line and `snapshot --json` have them.
-    pub families: BTreeMap<&'static str, SummaryFamily>,
-}
-
-/// One family's socket payload over the worker's life.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct SummaryFamily {
-    /// Bytes sent.
-    pub sent_bytes: u64,
-    /// Bytes received.
-    pub received_bytes: u64,
-    /// Send calls.
-    pub sent_calls: u64,
-    /// Receive calls.
-    pub received_calls: u64,
+    pub families: BTreeMap<&'static str, super::FamilyTotals>,
 }
 
 /// Memory over the worker's life.
@@ -269,23 +255,7 @@ impl ExitSummary {
             last_bytes: reading.current_bytes,
             source: reading.source,
         });
-        let families = stats
-            .net
-            .iter()
-            .zip(FAMILY_NAMES)
-            .filter(|(family, _)| family.sent_calls + family.received_calls > 0)
-            .map(|(family, name)| {
-                (
-                    name,
-                    SummaryFamily {
-                        sent_bytes: family.sent_bytes,
-                        received_bytes: family.received_bytes,
-                        sent_calls: family.sent_calls,
-                        received_calls: family.received_calls,
-                    },
-                )
-            })
-            .collect();
+        let families = super::families_with_calls(&stats.net).collect();
         let quantile = |q: f64| delays.runqueue_wait_quantile_ns(q).map(seconds);
         let peak = memory
             .as_ref()

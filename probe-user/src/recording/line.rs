@@ -32,7 +32,7 @@ pub const FORMAT: &str = "workerprobe-recording";
 
 /// Version of the recording's layout, the one every workerprobe JSON output shares; bumped
 /// when a field changes meaning or goes away (adding a field does not bump it).
-pub const SCHEMA_VERSION: u32 = crate::model::SCHEMA_VERSION;
+pub use crate::model::SCHEMA_VERSION;
 
 /// A moment on both clocks, as a recording writes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -247,18 +247,8 @@ pub struct TickNet {
     pub families: BTreeMap<String, FamilyLine>,
 }
 
-/// Socket payload of one family.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FamilyLine {
-    /// Bytes sent.
-    pub sent_bytes: u64,
-    /// Bytes received.
-    pub received_bytes: u64,
-    /// Send calls.
-    pub sent_calls: u64,
-    /// Receive calls.
-    pub received_calls: u64,
-}
+/// Socket payload of one family, as every JSON output writes it.
+pub type FamilyLine = crate::model::FamilyTotals;
 
 /// A worker's cumulative counters since the run began, as integers so nothing is rounded.
 /// Per-CPU detail is kept for on-CPU time only; the rest is summed over CPUs.
@@ -357,21 +347,8 @@ fn trimmed(hist: &[u64]) -> Vec<u64> {
 }
 
 fn families_of(counters: &[FamilyCounters; FAMILY_COUNT]) -> BTreeMap<String, FamilyLine> {
-    counters
-        .iter()
-        .zip(FAMILY_NAMES)
-        .filter(|(family, _)| family.sent_calls + family.received_calls > 0)
-        .map(|(family, name)| {
-            (
-                name.to_string(),
-                FamilyLine {
-                    sent_bytes: family.sent_bytes,
-                    received_bytes: family.received_bytes,
-                    sent_calls: family.sent_calls,
-                    received_calls: family.received_calls,
-                },
-            )
-        })
+    crate::model::families_with_calls(counters)
+        .map(|(name, family)| (name.to_string(), family))
         .collect()
 }
 

@@ -118,11 +118,9 @@ pub fn read_recording(path: &Path) -> anyhow::Result<Recording> {
 /// reads). Otherwise one sentence saying what to do.
 pub fn check_writable_recording(path: &Path, append: bool) -> anyhow::Result<()> {
     let name = path.display().to_string();
-    let file = match File::open(path) {
-        Ok(file) => file,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        // The writer's own open says why it cannot be written.
-        Err(_) => return Ok(()),
+    // Missing is fine; any other failure to open it the writer's own open says.
+    let Ok(file) = File::open(path) else {
+        return Ok(());
     };
     let mut reader = BufReader::new(file);
     let mut buffer = Vec::new();

@@ -2,13 +2,14 @@
 
 use std::collections::BTreeMap;
 
-use probe_common::{drops::DROP_NAMES, net::FAMILY_NAMES, wait::WAIT_NAMES};
+use probe_common::{drops::DROP_NAMES, wait::WAIT_NAMES};
 use serde::Serialize;
 
 use crate::{
     model::{
-        Interval, Measured, MemoryReading, WorkerStats,
+        FamilyTotals, Interval, Measured, MemoryReading, WorkerStats,
         endpoints::{EndpointNamer, by_label},
+        families_with_calls,
         identity::{WorkerKind, identify},
     },
     node::NodeFacts,
@@ -223,20 +224,7 @@ pub struct NetDocument {
     /// Receive rate.
     pub received_bytes_per_second: f64,
     /// The same per family: ipv4, ipv6, unix, other (families with no traffic are omitted).
-    pub families: BTreeMap<&'static str, FamilyDocument>,
-}
-
-/// Socket traffic of one family.
-#[derive(Debug, Serialize)]
-pub struct FamilyDocument {
-    /// Payload bytes sent.
-    pub sent_bytes: u64,
-    /// Payload bytes received.
-    pub received_bytes: u64,
-    /// Successful send calls.
-    pub sent_calls: u64,
-    /// Successful receive calls.
-    pub received_calls: u64,
+    pub families: BTreeMap<&'static str, FamilyTotals>,
 }
 
 fn seconds(ns: u64) -> f64 {
@@ -246,23 +234,7 @@ fn seconds(ns: u64) -> f64 {
 impl WorkerDocument {
     /// The document of one worker's stats, with null for what `measured` lacks.
     pub fn from_stats(worker: &WorkerStats, measured: Measured, namer: &EndpointNamer) -> Self {
-        let families = worker
-            .net
-            .iter()
-            .zip(FAMILY_NAMES)
-            .filter(|(family, _)| family.sent_calls + family.received_calls > 0)
-            .map(|(family, name)| {
-                (
-                    name,
-                    FamilyDocument {
-                        sent_bytes: family.sent_bytes,
-                        received_bytes: family.received_bytes,
-                        sent_calls: family.sent_calls,
-                        received_calls: family.received_calls,
-                    },
-                )
-            })
-            .collect();
+        let families = families_with_calls(&worker.net).collect();
         let identity = worker.path.as_deref().map(identify);
         Self {
             cgroup_id: worker.cgroup_id,

@@ -69,10 +69,7 @@ pub fn render(interval: &Interval, limit: usize) -> String {
                 "{}/s",
                 bytes(worker.received_bytes_per_second() as u64)
             )),
-            // Memory in use at the end of the interval; `n/a` where no source had it.
-            worker
-                .memory
-                .map_or(NOT_MEASURED.into(), |memory| bytes(memory.current_bytes)),
+            memory_cell(worker),
             format!("{:.2}s", worker.total_cpu_ns as f64 / 1e9),
             net(bytes(worker.total_sent_bytes)),
             net(bytes(worker.total_received_bytes)),
@@ -100,6 +97,13 @@ fn per_cpu(worker: &WorkerStats) -> String {
         .map(|cores| format!("{cores:.2}"))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Memory in use at the end of the interval; `n/a` where no source had it.
+pub fn memory_cell(worker: &WorkerStats) -> String {
+    worker
+        .memory
+        .map_or(NOT_MEASURED.into(), |memory| bytes(memory.current_bytes))
 }
 
 /// What a cell shows for a measurement this kernel or `--programs` did not make.

@@ -454,9 +454,7 @@ fn render_table(
                 "{}/s",
                 bytes(worker.received_bytes_per_second() as u64)
             )),
-            worker
-                .memory
-                .map_or(NOT_MEASURED.into(), |memory| bytes(memory.current_bytes)),
+            super::table::memory_cell(worker),
             format!("{:.2}s", worker.total_cpu_ns as f64 / 1e9),
             net(bytes(worker.total_sent_bytes)),
             net(bytes(worker.total_received_bytes)),
