@@ -133,6 +133,13 @@ pub fn cgroup_id(dir: &Path) -> std::io::Result<u64> {
 pub struct CgroupIndex {
     mount: PathBuf,
     paths: HashMap<u64, String>,
+    /// Removed cgroups a walk no longer finds, oldest first: their path is still asked for
+    /// (a worker removed inside a window is named in its report) until
+    /// [`CgroupIndex::forget`], and at most [`MAX_GONE`] are kept for callers that never
+    /// forget (`top`).
+    gone: HashMap<u64, String>,
+    /// The ids of `gone`, oldest first (forgotten ones are skipped when evicting).
+    gone_order: std::collections::VecDeque<u64>,
     /// When the hierarchy was last walked: walks are rate-limited, since the kernel's
     /// lifecycle events name new cgroups without one.
     last_walk: Option<std::time::Instant>,
@@ -141,12 +148,17 @@ pub struct CgroupIndex {
 /// Least time between two walks of the hierarchy for unknown ids.
 const WALK_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How many removed cgroups keep their path after a walk no longer finds them.
+const MAX_GONE: usize = 16_384;
+
 impl CgroupIndex {
     /// An index of the hierarchy mounted at `mount`, walked once now.
     pub fn new(mount: PathBuf) -> Self {
         let mut index = Self {
             mount,
             paths: HashMap::new(),
+            gone: HashMap::new(),
+            gone_order: std::collections::VecDeque::new(),
             last_walk: None,
         };
         index.rescan();
@@ -158,10 +170,12 @@ impl CgroupIndex {
         &self.mount
     }
 
-    /// Walks the whole hierarchy again; removed cgroups are forgotten.
+    /// Walks the whole hierarchy again. A removed cgroup keeps its path until forgotten (or
+    /// until [`MAX_GONE`] newer ones have gone): a walk cannot find it, but its last counters
+    /// are still to be named.
     pub fn rescan(&mut self) {
         self.last_walk = Some(std::time::Instant::now());
-        self.paths.clear();
+        let before = std::mem::take(&mut self.paths);
         let mut stack = vec![self.mount.clone()];
         while let Some(dir) = stack.pop() {
             let Ok(meta) = fs::metadata(&dir) else {
@@ -179,6 +193,22 @@ impl CgroupIndex {
                 }
             }
         }
+        for (id, path) in before {
+            if !self.paths.contains_key(&id) {
+                self.gone.insert(id, path);
+                self.gone_order.push_back(id);
+            }
+        }
+        while self.gone.len() > MAX_GONE
+            && let Some(oldest) = self.gone_order.pop_front()
+        {
+            self.gone.remove(&oldest);
+        }
+        // Forgotten ids linger in the order until evicted: drop them once they are most of it.
+        if self.gone_order.len() > 2 * self.gone.len() {
+            let gone = &self.gone;
+            self.gone_order.retain(|id| gone.contains_key(id));
+        }
     }
 
     /// Learns a cgroup's path (from the kernel's lifecycle event), without a walk.
@@ -188,13 +218,20 @@ impl CgroupIndex {
 
     /// Forgets a removed cgroup.
     pub fn forget(&mut self, id: u64) {
-        self.paths.remove(&id);
+        if self.paths.remove(&id).is_none() {
+            self.gone.remove(&id);
+        }
+    }
+
+    /// The path of an id this index knows, alive or removed.
+    fn path_of(&self, id: u64) -> Option<&String> {
+        self.paths.get(&id).or_else(|| self.gone.get(&id))
     }
 
     /// Walks again if an id is unknown and the last walk is not too recent.
     fn walk_for_unknown(&mut self, ids: &[u64]) {
         let recent = self.last_walk.is_some_and(|at| at.elapsed() < WALK_EVERY);
-        if !recent && ids.iter().any(|id| !self.paths.contains_key(id)) {
+        if !recent && ids.iter().any(|&id| self.path_of(id).is_none()) {
             self.rescan();
         }
     }
@@ -203,7 +240,7 @@ impl CgroupIndex {
     /// two seconds). `None` when the cgroup is gone or not found yet.
     pub fn resolve(&mut self, id: u64) -> Option<String> {
         self.walk_for_unknown(&[id]);
-        self.paths.get(&id).cloned()
+        self.path_of(id).cloned()
     }
 
     /// The path of every id in `ids`, walking the hierarchy at most once.
@@ -211,7 +248,7 @@ impl CgroupIndex {
         let ids: Vec<u64> = ids.into_iter().collect();
         self.walk_for_unknown(&ids);
         ids.into_iter()
-            .filter_map(|id| Some((id, self.paths.get(&id)?.clone())))
+            .filter_map(|id| Some((id, self.path_of(id)?.clone())))
             .collect()
     }
 
@@ -340,6 +377,32 @@ pub fn remove_cgroup(dir: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_removed_cgroup_keeps_its_path_across_walks_until_forgotten() {
+        let mount = std::env::temp_dir().join(format!("wp-index-{}", std::process::id()));
+        fs::create_dir_all(mount.join("alive")).expect("makes a directory");
+        let mut index = CgroupIndex::new(mount.clone());
+        let alive = cgroup_id(&mount.join("alive")).expect("has an inode");
+        // An id the kernel named in a lifecycle event, whose directory is already gone.
+        let removed = u64::MAX - 1;
+        index.insert(removed, "/short-lived".into());
+        index.rescan();
+        assert_eq!(index.resolve(alive).as_deref(), Some("/alive"));
+        assert_eq!(index.resolve(removed).as_deref(), Some("/short-lived"));
+        index.rescan();
+        assert_eq!(index.resolve(removed).as_deref(), Some("/short-lived"));
+        index.forget(removed);
+        assert_eq!(index.path_of(removed), None);
+        // Bounded for callers that never forget.
+        for id in 0..(MAX_GONE as u64 + 10) {
+            index.insert(u64::MAX - 10 - id, "/gone".into());
+        }
+        index.rescan();
+        assert_eq!(index.gone.len(), MAX_GONE);
+        assert!(index.gone_order.len() <= 2 * MAX_GONE);
+        fs::remove_dir_all(&mount).expect("cleans up");
+    }
 
     #[test]
     fn finds_hybrid_cgroup2_mount() {
