@@ -16,6 +16,7 @@ use crate::{
     clock::Timestamp,
     loader::Probe,
     model::{Drops, LifecycleEvent, Measured, Sample, WorkerCounters, endpoints::EndpointDelta},
+    runtimes::{Runtimes, WorkerNames},
 };
 
 /// Something that yields cumulative samples: the kernel now, a recording later.
@@ -57,6 +58,8 @@ pub struct KernelCollector {
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
     reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
     cgroups: CgroupIndex,
+    /// Each cgroup's identity, with its container runtime's names.
+    names: WorkerNames,
     /// Possible CPUs: every worker gets one per-CPU entry for each.
     cpus: usize,
     /// What the attached programs measure; every sample says so.
@@ -102,9 +105,16 @@ impl KernelCollector {
             last_endpoints: Vec::new(),
             drops,
             cgroups,
+            names: WorkerNames::new(Runtimes::none()),
             cpus: aya::util::nr_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?,
             _probe: probe,
         })
+    }
+
+    /// Names containers with what `runtimes` say of them, not only their ids.
+    pub fn with_runtimes(mut self, runtimes: Runtimes) -> Self {
+        self.names = WorkerNames::new(runtimes);
+        self
     }
 }
 
@@ -156,6 +166,10 @@ impl Source for KernelCollector {
         let paths = self.cgroups.resolve_all(sample.workers.keys().copied());
         for (cgroup_id, worker) in sample.workers.iter_mut() {
             worker.path = paths.get(cgroup_id).cloned();
+            worker.identity = worker
+                .path
+                .as_deref()
+                .map(|path| self.names.identity(*cgroup_id, path));
             // Workers seen only in the network map still get one entry per CPU.
             worker.cpu_per_cpu.resize(self.cpus, CpuStats::default());
         }
@@ -188,6 +202,7 @@ impl KernelCollector {
                 cgroup_id: event.cgroup_id,
                 at_monotonic_ns: event.at_ns,
                 made: event.kind == CGROUP_MADE,
+                identity: self.names.identity(event.cgroup_id, &path),
                 path: if path.is_empty() { "/".into() } else { path },
             };
             if event.made {
@@ -241,6 +256,7 @@ impl KernelCollector {
         let _ = self.net_stats.remove(&cgroup_id);
         self.reported_on_cpu_ns.remove(&cgroup_id);
         self.cgroups.forget(cgroup_id);
+        self.names.forget(cgroup_id);
         Some(worker)
     }
 
@@ -327,6 +343,7 @@ impl KernelCollector {
             let worker = sample.workers.entry(cgroup_id).or_default();
             worker.cpu_per_cpu.resize(self.cpus, CpuStats::default());
             if worker.path.is_none() {
+                worker.identity = Some(self.names.identity(cgroup_id, &path));
                 worker.path = Some(path);
             }
             if let Some(on_cpu) = worker.cpu_per_cpu.get_mut(cpu) {

@@ -27,4 +27,5 @@ pub mod model;
 pub mod node;
 pub mod privileges;
 pub mod recording;
+pub mod runtimes;
 pub mod sink;

@@ -46,7 +46,8 @@ pub fn start_collector(probe_args: &ProbeArgs) -> anyhow::Result<KernelCollector
     let account = probe_user_account(probe_args.user.as_deref())?;
     let probe = loader::open(&probe.load_options(), probe_args.pin.as_deref())?;
     tell_notes(&probe);
-    let collector = KernelCollector::new(probe, CgroupIndex::new(mount))?;
+    let collector = KernelCollector::new(probe, CgroupIndex::new(mount))?
+        .with_runtimes(crate::runtimes::Runtimes::probe());
     if let Some(account) = account {
         crate::privileges::drop_to(account)?;
     }

@@ -165,7 +165,8 @@ fn encode_tick(
                 })
                 .collect()
         });
-        let line = TickLine::new(&context, stats, counters, path, memory, endpoints);
+        let identity = record.map(|record| &record.identity);
+        let line = TickLine::new(&context, stats, counters, path, identity, memory, endpoints);
         serde_json::to_writer(&mut lines, &Line::Tick(Box::new(line)))
             .context("encoding a tick line")?;
         lines.push(b'\n');

@@ -37,12 +37,66 @@ pub struct Identity {
     pub ids: BTreeMap<String, String>,
 }
 
+/// What a container runtime's own state says of one of its containers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerInfo {
+    /// The runtime that made it: `podman`, `docker`, …
+    pub runtime: String,
+    /// The full container id.
+    pub id: String,
+    /// The name the user gave it (`podman run --name`), or the runtime chose.
+    pub name: String,
+    /// The image it runs, as the user named it (`localhost/busybox:latest`).
+    pub image: Option<String>,
+    /// The image's id.
+    pub image_id: Option<String>,
+}
+
+impl Identity {
+    /// Whether this identity names a container whose runtime could tell more: a container
+    /// id is known but no container name yet.
+    pub fn wants_container_name(&self) -> bool {
+        self.ids.contains_key("container_id") && !self.ids.contains_key("container_name")
+    }
+
+    /// The container id the path gave, when it names a container.
+    pub fn container_id(&self) -> Option<&str> {
+        self.ids.get("container_id").map(String::as_str)
+    }
+
+    /// This identity with what the container's runtime says: its name replaces the short id
+    /// in the worker's name, and the name, image and runtime join the ids.
+    pub fn named_by(mut self, info: &ContainerInfo) -> Identity {
+        if let Some(id) = self.container_id()
+            && id == info.id
+            && !info.name.is_empty()
+        {
+            let short_id = short(&info.id, SHORT_CONTAINER_ID_LEN).to_owned();
+            self.name = self.name.replacen(&short_id, &info.name, 1);
+            self.ids
+                .insert("container_name".to_owned(), info.name.clone());
+            self.ids.insert("runtime".to_owned(), info.runtime.clone());
+            if let Some(image) = &info.image {
+                self.ids.insert("image".to_owned(), image.clone());
+            }
+            if let Some(image_id) = &info.image_id {
+                self.ids.insert("image_id".to_owned(), image_id.clone());
+            }
+        }
+        self
+    }
+}
+
 /// The kinds of worker a cgroup path can name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkerKind {
     /// A Docker container outside Kubernetes (`docker-<id>.scope` or `/docker/<id>`).
     Docker,
+    /// A podman container (`libpod-<id>.scope`, or `/libpod_parent/libpod-<id>` with the
+    /// cgroupfs manager), or podman's own monitor for one (`libpod-conmon-<id>.scope`, with
+    /// `role: conmon` in its ids: the runtime's overhead, not the container's work).
+    Podman,
     /// A Kubernetes pod, or one container of it (under a `kubepods` cgroup).
     Kubernetes,
     /// A systemd service (`*.service`).
@@ -64,6 +118,7 @@ impl WorkerKind {
     pub fn as_str(&self) -> &'static str {
         match self {
             WorkerKind::Docker => "docker",
+            WorkerKind::Podman => "podman",
             WorkerKind::Kubernetes => "kubernetes",
             WorkerKind::SystemdService => "systemd_service",
             WorkerKind::SystemdScope => "systemd_scope",
@@ -152,6 +207,19 @@ fn identify_at(components: &[&str], index: usize) -> Option<Identity> {
         ));
     }
 
+    if let Some((id, role)) = podman_component(component) {
+        let mut ids = BTreeMap::from([
+            ("container_id".to_owned(), id.to_owned()),
+            ("runtime".to_owned(), "podman".to_owned()),
+        ]);
+        let mut name = short(id, SHORT_CONTAINER_ID_LEN).to_owned();
+        if let Some(role) = role {
+            ids.insert("role".to_owned(), role.to_owned());
+            name = format!("{role}-{name}");
+        }
+        return Some(identity(name, WorkerKind::Podman, ids));
+    }
+
     if let Some(exec) = component.strip_prefix("exec-")
         && !exec.is_empty()
         && parent == Some("workerprobe")
@@ -217,6 +285,18 @@ fn container_component(component: &str) -> Option<(Option<&'static str>, &str)> 
             .filter(|id| is_container_id(id))
             .map(|id| (Some(*runtime), id))
     })
+}
+
+/// A podman cgroup: `libpod-<id>.scope` (systemd manager), `libpod-<id>` (cgroupfs manager),
+/// or `libpod-conmon-<id>.scope`, podman's monitor process for the container (role `conmon`).
+fn podman_component(component: &str) -> Option<(&str, Option<&'static str>)> {
+    let inner = component.strip_suffix(".scope").unwrap_or(component);
+    let rest = inner.strip_prefix("libpod-")?;
+    let (id, role) = match rest.strip_prefix("conmon-") {
+        Some(id) => (id, Some("conmon")),
+        None => (rest, None),
+    };
+    is_container_id(id).then_some((id, role))
 }
 
 fn is_container_id(text: &str) -> bool {
@@ -418,6 +498,79 @@ mod tests {
         );
         // A bare id outside `/docker` and outside a pod says nothing about who made it.
         check(&format!("/other/{CID}"), WorkerKind::Cgroup, CID, &[]);
+    }
+
+    #[test]
+    fn podman_systemd_and_cgroupfs_managers() {
+        let podman = |name: &'static str| {
+            vec![("container_id", CID), ("runtime", "podman")]
+                .into_iter()
+                .chain((!name.is_empty()).then_some(("role", name)))
+                .collect::<Vec<_>>()
+        };
+        check(
+            &format!("/machine.slice/libpod-{CID}.scope"),
+            WorkerKind::Podman,
+            "4f3a9c1e7b2d",
+            &podman(""),
+        );
+        check(
+            &format!("/machine.slice/libpod-{CID}.scope/container"),
+            WorkerKind::Podman,
+            "4f3a9c1e7b2d/container",
+            &podman(""),
+        );
+        check(
+            &format!("/libpod_parent/libpod-{CID}"),
+            WorkerKind::Podman,
+            "4f3a9c1e7b2d",
+            &podman(""),
+        );
+        // Rootless, under the user's own systemd.
+        check(
+            &format!("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope"),
+            WorkerKind::Podman,
+            "4f3a9c1e7b2d",
+            &podman(""),
+        );
+        check(
+            &format!("/machine.slice/libpod-conmon-{CID}.scope"),
+            WorkerKind::Podman,
+            "conmon-4f3a9c1e7b2d",
+            &podman("conmon"),
+        );
+        check(
+            "/machine.slice/libpod-short.scope",
+            WorkerKind::SystemdScope,
+            "libpod-short",
+            &[("unit", "libpod-short.scope")],
+        );
+        check("/libpod_parent", WorkerKind::Cgroup, "libpod_parent", &[]);
+    }
+
+    #[test]
+    fn a_runtime_names_its_container() {
+        let info = ContainerInfo {
+            runtime: "podman".into(),
+            id: CID.into(),
+            name: "wp-burn".into(),
+            image: Some("localhost/busybox:test".into()),
+            image_id: None,
+        };
+        let identity = identify(&format!("/machine.slice/libpod-{CID}.scope/container"));
+        assert!(identity.wants_container_name());
+        let named = identity.named_by(&info);
+        assert_eq!(named.name, "wp-burn/container");
+        assert_eq!(named.ids["container_name"], "wp-burn");
+        assert_eq!(named.ids["image"], "localhost/busybox:test");
+        assert_eq!(named.ids["container_id"], CID);
+        assert!(!named.wants_container_name());
+        let conmon = identify(&format!("/machine.slice/libpod-conmon-{CID}.scope")).named_by(&info);
+        assert_eq!(conmon.name, "conmon-wp-burn");
+        assert_eq!(conmon.ids["role"], "conmon");
+        // Another container's facts change nothing.
+        let other = identify(&format!("/docker/{CID2}"));
+        assert_eq!(other.clone().named_by(&info), other);
     }
 
     #[test]
@@ -675,6 +828,7 @@ mod tests {
     fn kind_names_match_json() {
         let kinds = [
             WorkerKind::Docker,
+            WorkerKind::Podman,
             WorkerKind::Kubernetes,
             WorkerKind::SystemdService,
             WorkerKind::SystemdScope,

@@ -16,7 +16,7 @@ pub struct WorkerRecord {
     pub cgroup_id: u64,
     /// Path relative to the cgroup2 mount.
     pub path: String,
-    /// Name, kind and ids read from the path.
+    /// Name, kind and ids: read from the path, and from the container's runtime.
     pub identity: Identity,
     /// CLOCK_MONOTONIC ns when it was made, or first seen.
     pub started_at_monotonic_ns: u64,
@@ -32,16 +32,30 @@ pub struct WorkerRecord {
 }
 
 impl WorkerRecord {
-    fn new(cgroup_id: u64, path: &str, at_monotonic_ns: u64, observed: bool) -> Self {
+    fn new(
+        cgroup_id: u64,
+        path: &str,
+        identity: Option<&Identity>,
+        at_monotonic_ns: u64,
+        observed: bool,
+    ) -> Self {
         Self {
             cgroup_id,
             path: path.to_string(),
-            identity: identify(path),
+            identity: identity.cloned().unwrap_or_else(|| identify(path)),
             started_at_monotonic_ns: at_monotonic_ns,
             start_observed: observed,
             memory: None,
             memory_peak_bytes: 0,
             cpu_stat: None,
+        }
+    }
+
+    /// Takes a later identity that its runtime named (a container whose runtime was asked
+    /// before it knew the container).
+    fn learn(&mut self, identity: &Identity) {
+        if self.identity.wants_container_name() && !identity.wants_container_name() {
+            self.identity = identity.clone();
         }
     }
 }
@@ -76,13 +90,26 @@ impl WorkerRegistry {
         if event.made {
             self.records.insert(
                 event.cgroup_id,
-                WorkerRecord::new(event.cgroup_id, &event.path, event.at_monotonic_ns, true),
+                WorkerRecord::new(
+                    event.cgroup_id,
+                    &event.path,
+                    Some(&event.identity),
+                    event.at_monotonic_ns,
+                    true,
+                ),
             );
             None
         } else {
-            self.records.entry(event.cgroup_id).or_insert_with(|| {
-                WorkerRecord::new(event.cgroup_id, &event.path, event.at_monotonic_ns, false)
+            let record = self.records.entry(event.cgroup_id).or_insert_with(|| {
+                WorkerRecord::new(
+                    event.cgroup_id,
+                    &event.path,
+                    Some(&event.identity),
+                    event.at_monotonic_ns,
+                    false,
+                )
             });
+            record.learn(&event.identity);
             Some(event.cgroup_id)
         }
     }
@@ -96,10 +123,14 @@ impl WorkerRegistry {
             if !self.selection.matches(path) {
                 continue;
             }
+            let identity = worker.identity.as_deref();
             let record = self
                 .records
                 .entry(cgroup_id)
-                .or_insert_with(|| WorkerRecord::new(cgroup_id, path, now_ns, false));
+                .or_insert_with(|| WorkerRecord::new(cgroup_id, path, identity, now_ns, false));
+            if let Some(identity) = identity {
+                record.learn(identity);
+            }
             if worker.cpu_stat.is_some() {
                 record.cpu_stat = worker.cpu_stat;
             }
@@ -147,6 +178,7 @@ mod tests {
 
     fn event(id: u64, made: bool, path: &str, at: u64) -> LifecycleEvent {
         LifecycleEvent {
+            identity: std::sync::Arc::new(identify(path)),
             cgroup_id: id,
             at_monotonic_ns: at,
             made,

@@ -22,6 +22,9 @@ pub struct CpuStatUsec {
 pub struct WorkerCounters {
     /// Path relative to the cgroup2 mount (`/` is the root); `None` once the cgroup is gone.
     pub path: Option<String>,
+    /// Who the worker is: what its path says and its container runtime adds; `None` with
+    /// the path.
+    pub identity: Option<std::sync::Arc<super::identity::Identity>>,
     /// Scheduler counters per CPU, indexed by CPU number.
     pub cpu_per_cpu: Vec<CpuStats>,
     /// Socket counters summed over CPUs.
@@ -104,6 +107,8 @@ pub struct LifecycleEvent {
     pub made: bool,
     /// Path relative to the cgroup2 mount.
     pub path: String,
+    /// Who the worker is (its path's and its runtime's names).
+    pub identity: std::sync::Arc<super::identity::Identity>,
 }
 
 /// Where a memory figure came from.

@@ -53,6 +53,8 @@ pub struct WorkerStats {
     pub cgroup_id: u64,
     /// Path relative to the cgroup2 mount, when known.
     pub path: Option<String>,
+    /// Who the worker is, when its path is known.
+    pub identity: Option<std::sync::Arc<super::identity::Identity>>,
     /// Length of the interval.
     pub interval_ns: u64,
     /// On-CPU nanoseconds per CPU in the interval.
@@ -89,6 +91,15 @@ pub struct WorkerStats {
 }
 
 impl WorkerStats {
+    /// Who the worker is: as the collector named it, or as its path says.
+    pub fn named(&self) -> Option<super::identity::Identity> {
+        match (&self.identity, &self.path) {
+            (Some(identity), _) => Some(super::identity::Identity::clone(identity)),
+            (None, Some(path)) => Some(super::identity::identify(path)),
+            (None, None) => None,
+        }
+    }
+
     /// On-CPU nanoseconds summed over CPUs.
     pub fn cpu_ns(&self) -> u64 {
         self.cpu_ns_per_cpu.iter().sum()
@@ -327,6 +338,7 @@ fn worker_delta(
     let mut stats = WorkerStats {
         cgroup_id,
         path: now.path.clone(),
+        identity: now.identity.clone(),
         interval_ns,
         total_cpu_ns: now.on_cpu_ns(),
         total_sent_bytes: now.net.families.iter().map(|f| f.sent_bytes).sum(),

@@ -21,7 +21,7 @@ use crate::{
     clock::{Timestamp, rfc3339_from_unix_ns},
     model::{
         CpuStatUsec, Drops, Measured, MemoryReading, WorkerCounters, WorkerStats,
-        identity::{WorkerKind, identify},
+        identity::{Identity, WorkerKind, identify},
         summary::ExitSummary,
     },
     node::NodeFacts,
@@ -378,16 +378,23 @@ pub struct TickContext {
 impl TickLine {
     /// The line of one worker: `stats` is its interval from `model::diff`, `counters` the
     /// cumulative sample that interval ends with, `path` its path when the sample no longer
-    /// knows it (the cgroup is gone), `memory` its latest reading.
+    /// knows it (the cgroup is gone), `identity` who the registry knows it as then,
+    /// `memory` its latest reading.
     pub fn new(
         context: &TickContext,
         stats: &WorkerStats,
         counters: &WorkerCounters,
         path: Option<String>,
+        identity: Option<&Identity>,
         memory: Option<MemoryReading>,
         endpoints: Option<Vec<EndpointLine>>,
     ) -> Self {
-        let identity = path.as_deref().map(identify);
+        let identity = stats
+            .identity
+            .as_deref()
+            .or(identity)
+            .cloned()
+            .or_else(|| path.as_deref().map(identify));
         let delays = &stats.delays;
         let mut hist = vec![0u64; RUNQ_BUCKETS];
         let mut totals = Totals::default();
@@ -715,6 +722,7 @@ mod tests {
             stats,
             &after.workers[&42],
             stats.path.clone(),
+            None,
             Some(MemoryReading {
                 current_bytes: 1 << 20,
                 peak_bytes: 3 << 20,

@@ -10,7 +10,7 @@ use crate::{
         FamilyTotals, Interval, Measured, MemoryReading, WorkerStats,
         endpoints::{EndpointNamer, by_label},
         families_with_calls,
-        identity::{WorkerKind, identify},
+        identity::WorkerKind,
     },
     node::NodeFacts,
 };
@@ -235,7 +235,7 @@ impl WorkerDocument {
     /// The document of one worker's stats, with null for what `measured` lacks.
     pub fn from_stats(worker: &WorkerStats, measured: Measured, namer: &EndpointNamer) -> Self {
         let families = families_with_calls(&worker.net).collect();
-        let identity = worker.path.as_deref().map(identify);
+        let identity = worker.named();
         Self {
             cgroup_id: worker.cgroup_id,
             path: worker.path.clone(),

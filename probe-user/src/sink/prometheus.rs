@@ -37,7 +37,17 @@ use crate::model::{
 
 /// Identity ids that become labels of `workerprobe_worker_info`: few, and each names the
 /// worker in another system (a container runtime, Kubernetes, systemd) to join on.
-const INFO_ID_LABELS: [&str; 6] = ["container_id", "pod_uid", "qos", "runtime", "unit", "exec"];
+const INFO_ID_LABELS: [&str; 9] = [
+    "container_id",
+    "container_name",
+    "image",
+    "role",
+    "pod_uid",
+    "qos",
+    "runtime",
+    "unit",
+    "exec",
+];
 
 /// One worker's series: its identity and cumulative counters.
 #[derive(Clone, Debug, PartialEq)]

@@ -4,8 +4,11 @@ use std::fmt::Write as _;
 
 use crate::model::{Interval, WorkerStats};
 
-/// Longest worker path shown before it is shortened from the left.
+/// Longest worker path shown before it is shortened in the middle.
 const PATH_WIDTH: usize = 40;
+
+/// Longest worker name shown (a container's name, a unit's, a pod's) before it is shortened.
+pub const NAME_WIDTH: usize = 18;
 
 /// Renders the table of active workers, busiest first, at most `limit` rows.
 pub fn render(interval: &Interval, limit: usize) -> String {
@@ -26,8 +29,9 @@ pub fn render(interval: &Interval, limit: usize) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<PATH_WIDTH$} {:>6}  {:<16} {:<19} {:<20} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "{:<PATH_WIDTH$} {:<NAME_WIDTH$} {:>6}  {:<16} {:<19} {:<20} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
         "WORKER",
+        "NAME",
         "CORES",
         "PER-CPU",
         "CPU/RUNQ/IO/SLEEP %",
@@ -51,8 +55,9 @@ pub fn render(interval: &Interval, limit: usize) -> String {
     for worker in active.iter().take(limit) {
         let _ = writeln!(
             out,
-            "{:<PATH_WIDTH$} {:>6.2}  {:<16} {:<19} {:<20} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
+            "{:<PATH_WIDTH$} {:<NAME_WIDTH$} {:>6.2}  {:<16} {:<19} {:<20} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
             shorten(&worker_label(worker), PATH_WIDTH),
+            shorten(&worker_name(worker), NAME_WIDTH),
             worker.cpu_cores(),
             per_cpu(worker),
             breakdown(worker, measured.delays),
@@ -87,6 +92,14 @@ pub fn worker_label(worker: &WorkerStats) -> String {
         .path
         .clone()
         .unwrap_or_else(|| format!("cgroup:{}", worker.cgroup_id))
+}
+
+/// A worker's name (its container's, unit's, pod's or last path component), `-` once the
+/// cgroup is gone unnamed.
+pub fn worker_name(worker: &WorkerStats) -> String {
+    worker
+        .named()
+        .map_or_else(|| "-".to_owned(), |identity| identity.name)
 }
 
 /// Cores used on each CPU, e.g. `0.98 0.02`.

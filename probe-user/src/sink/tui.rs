@@ -335,8 +335,9 @@ fn header_line(interval: &Interval, view: &TopView, shown: usize) -> Line<'stati
 }
 
 /// Column titles and widths of the worker table (the first, WORKER, takes what is left).
-const COLUMNS: [(&str, u16); 13] = [
+const COLUMNS: [(&str, u16); 14] = [
     ("WORKER", 0),
+    ("NAME", super::table::NAME_WIDTH as u16),
     ("CORES", 6),
     ("CPU%", 6),
     ("RUNQ%", 6),
@@ -356,8 +357,8 @@ const MIN_WORKER_WIDTH: u16 = 24;
 
 /// The order columns are dropped in as the terminal narrows (indexes into `COLUMNS`): the
 /// totals (RECV, SENT, CPU-TOTAL), WAITING ON, the split of the time (SLEEP%, IO%, RUNQ%),
-/// MEM, RECV/s, CPU%, SEND/s. A number is never cut: a column goes whole.
-const DROP_ORDER: [usize; 11] = [12, 11, 10, 6, 5, 4, 3, 9, 8, 2, 7];
+/// MEM, RECV/s, CPU%, SEND/s, NAME. A number is never cut: a column goes whole.
+const DROP_ORDER: [usize; 12] = [13, 12, 11, 7, 6, 5, 4, 10, 9, 3, 8, 1];
 
 /// The columns that fit `width` (WORKER, CORES and the sort column `keep` always), in
 /// table order.
@@ -436,6 +437,7 @@ fn render_table(
         let delays = &worker.delays;
         let cells = [
             super::table::shorten(&worker_label(worker), worker_width),
+            super::table::shorten(&super::table::worker_name(worker), super::table::NAME_WIDTH),
             format!("{:.2}", worker.cpu_cores()),
             percent(worker.cpu_ns()),
             delay(delays.runqueue_wait_ns),
@@ -485,7 +487,8 @@ fn render_table(
 /// A table cell: the worker path on the left, numbers on the right so their digits line up.
 fn aligned(text: String, column: usize) -> Cell<'static> {
     let line = Line::from(text);
-    Cell::from(if column == 0 {
+    // WORKER and NAME are text, read from the left; the figures line up on the right.
+    Cell::from(if column <= 1 {
         line
     } else {
         line.right_aligned()
@@ -1049,7 +1052,7 @@ mod tests {
         view.sync(&interval);
         press(&mut view, KeyCode::Down); // /busy, second by run-queue wait
         view.sync(&interval);
-        let text = screen_text(&interval, &view, 140, 24);
+        let text = screen_text(&interval, &view, 160, 24);
         let lines: Vec<&str> = text.lines().collect();
         assert!(
             lines[0].starts_with("workers active: 3 (shown 3)  interval: 1.00s  drops since start: 3  node CPUs: 2  sort: RUNQ%"),
@@ -1058,6 +1061,7 @@ mod tests {
         let header = lines[1];
         for title in [
             "WORKER",
+            "NAME",
             "CORES",
             "CPU%",
             "RUNQ%▼",

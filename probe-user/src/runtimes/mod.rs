@@ -1,0 +1,89 @@
+//! Containers' names from their runtimes' own state, as cAdvisor and coroot do: a cgroup path
+//! gives a container id, the runtime gives the name the user chose and the image.
+//!
+//! Each runtime is probed once at start; one that is absent costs nothing. A runtime that is
+//! there but cannot be read is mentioned once, and its containers keep the names their paths
+//! give. Lookups are answered from memory: a runtime's state is read when it changes, not per
+//! lookup, so a container that lived a fraction of a second is named too.
+
+mod podman;
+
+use std::{collections::HashMap, sync::Arc};
+
+use crate::model::identity::{ContainerInfo, Identity, identify};
+
+/// The container runtimes found on this node.
+pub struct Runtimes {
+    podman: Option<podman::Podman>,
+}
+
+impl Runtimes {
+    /// Looks for each runtime's state where it keeps it.
+    pub fn probe() -> Self {
+        Self {
+            podman: podman::Podman::start(podman::DEFAULT_GRAPH_ROOT.as_ref()),
+        }
+    }
+
+    /// No runtime at all (tests, and callers that only want paths).
+    pub fn none() -> Self {
+        Self { podman: None }
+    }
+
+    /// What the container's runtime says of it, if that runtime is here and knows it.
+    fn describe(&self, identity: &Identity) -> Option<ContainerInfo> {
+        let id = identity.container_id()?;
+        match identity.ids.get("runtime").map(String::as_str) {
+            Some("podman") => self.podman.as_ref()?.describe(id),
+            _ => None,
+        }
+    }
+}
+
+/// Most names kept for cgroups a caller never forgets.
+const MAX_NAMED: usize = 32_768;
+
+/// Each worker's identity: what its path says and what its runtime adds, computed once per
+/// cgroup and shared.
+pub struct WorkerNames {
+    runtimes: Runtimes,
+    named: HashMap<u64, Arc<Identity>>,
+}
+
+impl WorkerNames {
+    /// Names workers with what `runtimes` can tell.
+    pub fn new(runtimes: Runtimes) -> Self {
+        Self {
+            runtimes,
+            named: HashMap::new(),
+        }
+    }
+
+    /// The identity of the cgroup `cgroup_id` at `path`. A container its runtime did not know
+    /// yet is asked about again at the next call (a lookup in memory).
+    pub fn identity(&mut self, cgroup_id: u64, path: &str) -> Arc<Identity> {
+        if let Some(identity) = self.named.get(&cgroup_id)
+            && !identity.wants_container_name()
+        {
+            return Arc::clone(identity);
+        }
+        let identity = self.named.get(&cgroup_id).map_or_else(
+            || identify(path),
+            |identity| Identity::clone(identity),
+        );
+        let identity = Arc::new(match self.runtimes.describe(&identity) {
+            Some(info) => identity.named_by(&info),
+            None => identity,
+        });
+        if self.named.len() >= MAX_NAMED {
+            self.named.clear();
+        }
+        self.named.insert(cgroup_id, Arc::clone(&identity));
+        identity
+    }
+
+    /// Forgets a removed cgroup.
+    pub fn forget(&mut self, cgroup_id: u64) {
+        self.named.remove(&cgroup_id);
+    }
+}

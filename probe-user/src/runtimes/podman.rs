@@ -1,0 +1,241 @@
+//! podman's containers, from its storage's own record of them:
+//! `<graph root>/<driver>-containers/containers.json` (containers/storage), which holds each
+//! container's id, names and image. podman rewrites the file (by rename) as containers come
+//! and go; a thread watches the directory with inotify and reads it after each change, so a
+//! container that lived 0.2 s is known before the agent's next tick asks for it.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    fs,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use inotify::{Inotify, WatchMask};
+use serde::Deserialize;
+
+use crate::model::identity::ContainerInfo;
+
+/// Where root's podman keeps its storage (`graphroot` in storage.conf).
+pub const DEFAULT_GRAPH_ROOT: &str = "/var/lib/containers/storage";
+
+/// The file in the containers directory that lists them.
+const CONTAINERS_FILE: &str = "containers.json";
+
+/// How many removed containers stay known, so a worker that exited is still named in its
+/// exit summary and in the window that saw it.
+const MAX_REMOVED: usize = 4096;
+
+/// podman's containers, as its storage last listed them (and those it listed recently).
+pub struct Podman {
+    known: Arc<Mutex<Known>>,
+}
+
+#[derive(Default)]
+struct Known {
+    /// Every container known, and whether the file lists it now.
+    by_id: HashMap<String, (ContainerInfo, bool)>,
+    /// Ids no longer listed, oldest first: they are forgotten beyond [`MAX_REMOVED`].
+    removed: VecDeque<String>,
+}
+
+/// One container as containers/storage records it.
+#[derive(Deserialize)]
+struct StoredContainer {
+    id: String,
+    #[serde(default)]
+    names: Vec<String>,
+    #[serde(default)]
+    image: String,
+    /// podman's own JSON, inside a string: `{"image-name": …, "name": …}`.
+    #[serde(default)]
+    metadata: String,
+}
+
+#[derive(Default, Deserialize)]
+struct PodmanMetadata {
+    #[serde(rename = "image-name")]
+    image_name: Option<String>,
+    name: Option<String>,
+}
+
+impl Podman {
+    /// Starts watching the storage under `graph_root`; `None` when podman has none there.
+    pub fn start(graph_root: &Path) -> Option<Self> {
+        let dir = containers_dir(graph_root)?;
+        let known = Arc::new(Mutex::new(Known::default()));
+        let file = dir.join(CONTAINERS_FILE);
+        if let Err(reason) = refresh(&known, &file) {
+            crate::say!(
+                "workerprobe: podman containers are named by id only: {} cannot be read ({reason})",
+                file.display()
+            );
+            return None;
+        }
+        let watched = Arc::clone(&known);
+        let watch = Inotify::init().and_then(|inotify| {
+            inotify.watches().add(
+                &dir,
+                WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE | WatchMask::CREATE,
+            )?;
+            Ok(inotify)
+        });
+        match watch {
+            Ok(mut inotify) => {
+                let spawned = std::thread::Builder::new()
+                    .name("podman-names".into())
+                    .spawn(move || {
+                        let mut buffer = [0u8; 4096];
+                        // Ends when the watch fails; what was read stays known.
+                        while let Ok(events) = inotify.read_events_blocking(&mut buffer) {
+                            let touched = events
+                                .filter(|event| {
+                                    event.name.is_some_and(|name| name == CONTAINERS_FILE)
+                                })
+                                .count();
+                            if touched > 0 {
+                                let _ = refresh(&watched, &file);
+                            }
+                        }
+                    });
+                if spawned.is_err() {
+                    crate::say!(
+                        "workerprobe: podman containers made from now on are named by id only: no thread could watch {}",
+                        dir.display()
+                    );
+                }
+            }
+            Err(reason) => crate::say!(
+                "workerprobe: podman containers made from now on are named by id only: {} cannot be watched ({reason})",
+                dir.display()
+            ),
+        }
+        Some(Self { known })
+    }
+
+    /// The container with this full id, if podman listed it.
+    pub fn describe(&self, id: &str) -> Option<ContainerInfo> {
+        let known = self.known.lock().ok()?;
+        known.by_id.get(id).map(|(info, _)| info.clone())
+    }
+}
+
+/// The first `<driver>-containers` directory holding a containers.json.
+fn containers_dir(graph_root: &Path) -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = fs::read_dir(graph_root)
+        .ok()?
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.ends_with("-containers"))
+                && path.join(CONTAINERS_FILE).is_file()
+        })
+        .collect();
+    dirs.sort();
+    dirs.into_iter().next()
+}
+
+/// Reads the file again; containers no longer listed stay known, up to [`MAX_REMOVED`].
+fn refresh(known: &Mutex<Known>, file: &Path) -> Result<(), String> {
+    let text = fs::read_to_string(file).map_err(|error| error.to_string())?;
+    let listed = parse_containers(&text)?;
+    let mut guard = known.lock().map_err(|_| "a reader panicked".to_owned())?;
+    let known = &mut *guard;
+    let listed_ids: std::collections::HashSet<&str> =
+        listed.iter().map(|info| info.id.as_str()).collect();
+    for (id, (_, is_listed)) in known.by_id.iter_mut() {
+        if *is_listed && !listed_ids.contains(id.as_str()) {
+            *is_listed = false;
+            known.removed.push_back(id.clone());
+        }
+    }
+    for info in listed {
+        known.by_id.insert(info.id.clone(), (info, true));
+    }
+    // Ids listed again linger in `removed` and are skipped here.
+    let mut unlisted = known.by_id.values().filter(|(_, listed)| !listed).count();
+    while unlisted > MAX_REMOVED
+        && let Some(oldest) = known.removed.pop_front()
+    {
+        if known.by_id.get(&oldest).is_some_and(|(_, listed)| !listed) {
+            known.by_id.remove(&oldest);
+            unlisted -= 1;
+        }
+    }
+    if known.removed.len() > 2 * MAX_REMOVED {
+        let by_id = &known.by_id;
+        known
+            .removed
+            .retain(|id| by_id.get(id).is_some_and(|(_, listed)| !listed));
+    }
+    Ok(())
+}
+
+/// The containers a containers.json lists.
+fn parse_containers(text: &str) -> Result<Vec<ContainerInfo>, String> {
+    let stored: Vec<StoredContainer> =
+        serde_json::from_str(text).map_err(|error| format!("not the JSON expected: {error}"))?;
+    Ok(stored
+        .into_iter()
+        .map(|container| {
+            let metadata: PodmanMetadata =
+                serde_json::from_str(&container.metadata).unwrap_or_default();
+            let name = metadata
+                .name
+                .or_else(|| container.names.into_iter().next())
+                .unwrap_or_default();
+            ContainerInfo {
+                runtime: "podman".into(),
+                id: container.id,
+                name,
+                image: metadata.image_name,
+                image_id: (!container.image.is_empty()).then_some(container.image),
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What podman 4.3.1 wrote here for `podman run --name wp-probe2 localhost/wp-busybox:test`.
+    const RECORDED: &str = r#"[{"id":"ef0fe9038eb3bd233d17d4331b0cdc1cdb0e764e6bba82927173e68f1f756a02","names":["wp-probe2"],"image":"3c3fde9c1e523a8fcb380b75456772246eb6cbe611af443befdfb713e66574c4","layer":"eb8f0b47747112120babbd9d97fd28798762a6b536dbed9e8e3b2e83f0975019","metadata":"{\"image-name\":\"localhost/wp-busybox:test\",\"image-id\":\"3c3fde9c1e523a8fcb380b75456772246eb6cbe611af443befdfb713e66574c4\",\"name\":\"wp-probe2\",\"created-at\":1796158907}","created":"2026-12-01T21:01:47.138111361Z","flags":{"MountLabel":"","ProcessLabel":""}}]"#;
+
+    #[test]
+    fn reads_podmans_record_of_a_container() {
+        let listed = parse_containers(RECORDED).expect("parses");
+        assert_eq!(
+            listed,
+            vec![ContainerInfo {
+                runtime: "podman".into(),
+                id: "ef0fe9038eb3bd233d17d4331b0cdc1cdb0e764e6bba82927173e68f1f756a02".into(),
+                name: "wp-probe2".into(),
+                image: Some("localhost/wp-busybox:test".into()),
+                image_id: Some(
+                    "3c3fde9c1e523a8fcb380b75456772246eb6cbe611af443befdfb713e66574c4".into()
+                ),
+            }]
+        );
+        assert_eq!(parse_containers("[]").expect("parses"), vec![]);
+        assert!(parse_containers("{").is_err());
+    }
+
+    #[test]
+    fn a_removed_container_stays_known_for_a_while() {
+        let dir = std::env::temp_dir().join(format!("wp-podman-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("makes a directory");
+        let file = dir.join(CONTAINERS_FILE);
+        let known = Mutex::new(Known::default());
+        fs::write(&file, RECORDED).expect("writes");
+        refresh(&known, &file).expect("reads");
+        fs::write(&file, "[]").expect("writes");
+        refresh(&known, &file).expect("reads");
+        let known = known.lock().expect("not poisoned");
+        assert_eq!(known.by_id.len(), 1);
+        assert_eq!(known.removed.len(), 1);
+        fs::remove_dir_all(&dir).expect("cleans up");
+    }
+}
