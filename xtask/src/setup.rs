@@ -29,6 +29,11 @@ const APT_PACKAGES: &[&str] = &[
     "tmux",
     // Headless Chromium renders the HTML report in its test.
     "chromium",
+    // A real container runtime for the container-name tests: podman with runc (crun refuses
+    // hybrid cgroup hosts), and busybox-static, the whole of the test's image.
+    "podman",
+    "runc",
+    "busybox-static",
 ];
 
 /// Where llvm-22-dev puts `llvm-config`, which bpf-linker's build looks up in PATH.

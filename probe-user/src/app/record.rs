@@ -132,9 +132,14 @@ fn encode_tick(
             .path
             .clone()
             .or_else(|| record.map(|record| record.path.clone()));
-        let selected = match &path {
-            Some(path) => selection.matches(path),
-            None => selection.is_all(),
+        let identity = stats
+            .identity
+            .as_deref()
+            .or(record.map(|record| &record.identity));
+        let selected = match (&path, identity) {
+            (Some(path), Some(identity)) => selection.matches_identity(path, identity),
+            (Some(path), None) => selection.matches(path),
+            (None, _) => selection.is_all(),
         };
         let Some(counters) = current.workers.get(&stats.cgroup_id) else {
             continue;
@@ -165,7 +170,6 @@ fn encode_tick(
                 })
                 .collect()
         });
-        let identity = record.map(|record| &record.identity);
         let line = TickLine::new(&context, stats, counters, path, identity, memory, endpoints);
         serde_json::to_writer(&mut lines, &Line::Tick(Box::new(line)))
             .context("encoding a tick line")?;

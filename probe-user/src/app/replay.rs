@@ -44,7 +44,7 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
         && !ticks.iter().any(|(_, tick)| {
             tick.workers
                 .iter()
-                .any(|w| w.path.as_deref().is_some_and(|p| selection.matches(p)))
+                .any(|w| selection.matches_worker(w.path.as_deref(), w.name.as_deref(), &w.ids))
         })
     {
         return Err(crate::error::UserError::BadInput(format!(

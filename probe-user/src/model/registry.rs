@@ -84,7 +84,10 @@ impl WorkerRegistry {
     /// Applies a cgroup made or removed. Returns the id of a removed, selected worker: its
     /// record stays until [`WorkerRegistry::remove`] takes it for the exit summary.
     pub fn apply(&mut self, event: &LifecycleEvent) -> Option<u64> {
-        if !self.selection.matches(&event.path) {
+        if !self
+            .selection
+            .matches_identity(&event.path, &event.identity)
+        {
             return None;
         }
         if event.made {
@@ -120,7 +123,11 @@ impl WorkerRegistry {
         let now_ns = sample.taken_at.map_or(0, |at| at.monotonic_ns);
         for (&cgroup_id, worker) in &sample.workers {
             let Some(path) = &worker.path else { continue };
-            if !self.selection.matches(path) {
+            let selected = match worker.identity.as_deref() {
+                Some(identity) => self.selection.matches_identity(path, identity),
+                None => self.selection.matches(path),
+            };
+            if !selected {
                 continue;
             }
             let identity = worker.identity.as_deref();

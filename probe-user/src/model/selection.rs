@@ -1,4 +1,4 @@
-//! Which workers to show: the `--workers PATTERN` globs on cgroup paths.
+//! Which workers to show: the `--workers PATTERN` globs on cgroup paths and on names.
 //!
 //! This module owns what a worker pattern means. A pattern is a glob (`globset` syntax) on
 //! the cgroup path relative to the cgroup2 mount, which starts with `/`:
@@ -7,15 +7,31 @@
 //! - A pattern that starts with neither `/` nor `*` names a path's tail: it is matched as
 //!   `*/<pattern>`, so `nginx.service` matches `/system.slice/nginx.service`.
 //! - A pattern matches the path it names, not its descendants: `/system.slice/*` matches them.
+//! - `name:GLOB` matches the worker's name (a container's name, a unit's, `top`'s NAME), and
+//!   `container:GLOB` a container's name, full id or 12-character id (`podman ps`'s), so
+//!   `container:wp-*` picks containers by the names they were given.
 //! - A worker is selected when any pattern matches; no pattern at all selects every worker.
 
+use std::collections::BTreeMap;
+
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+
+/// A pattern on names rather than paths starts with one of these.
+const NAME_PREFIX: &str = "name:";
+/// A pattern on container names and ids.
+const CONTAINER_PREFIX: &str = "container:";
+/// How many hex digits of a container id `podman ps` and `docker ps` show.
+const SHORT_CONTAINER_ID_LEN: usize = 12;
 
 /// Which workers a user asked for.
 #[derive(Clone, Debug)]
 pub struct Selection {
-    /// The compiled patterns; empty when every worker is selected.
+    /// The compiled path patterns.
     globs: GlobSet,
+    /// The compiled `name:` patterns.
+    names: GlobSet,
+    /// The compiled `container:` patterns.
+    containers: GlobSet,
     /// The patterns as the user wrote them, for messages; empty when every worker is selected.
     patterns: Vec<String>,
 }
@@ -25,7 +41,7 @@ pub struct Selection {
 pub enum SelectionError {
     /// The pattern is empty or not a valid glob.
     #[error(
-        "`{pattern}` is not a valid worker pattern ({reason}); write a glob on the cgroup path like '/system.slice/*.service' or '*docker*'"
+        "`{pattern}` is not a valid worker pattern ({reason}); write a glob on the cgroup path like '/system.slice/*.service' or '*docker*', or on names like 'container:ingest-*'"
     )]
     InvalidPattern {
         /// The pattern as the user wrote it.
@@ -40,6 +56,8 @@ impl Selection {
     pub fn all() -> Self {
         Selection {
             globs: GlobSet::empty(),
+            names: GlobSet::empty(),
+            containers: GlobSet::empty(),
             patterns: Vec::new(),
         }
     }
@@ -50,26 +68,68 @@ impl Selection {
         if patterns.is_empty() {
             return Ok(Self::all());
         }
-        let mut builder = GlobSetBuilder::new();
+        let mut builders = [
+            GlobSetBuilder::new(),
+            GlobSetBuilder::new(),
+            GlobSetBuilder::new(),
+        ];
         for pattern in patterns {
-            builder.add(compile(pattern)?);
+            let (on, glob) = compile(pattern)?;
+            builders[on as usize].add(glob);
         }
         // Each glob compiled alone, so a failure here is the set as a whole (e.g. too large).
-        let globs = builder
-            .build()
-            .map_err(|error| SelectionError::InvalidPattern {
-                pattern: patterns.join(" "),
-                reason: error.kind().to_string(),
-            })?;
+        let [globs, names, containers] = builders.map(|builder| {
+            builder
+                .build()
+                .map_err(|error| SelectionError::InvalidPattern {
+                    pattern: patterns.join(" "),
+                    reason: error.kind().to_string(),
+                })
+        });
         Ok(Selection {
-            globs,
+            globs: globs?,
+            names: names?,
+            containers: containers?,
             patterns: patterns.to_vec(),
         })
     }
 
-    /// Whether a worker's path is selected.
+    /// Whether a worker's path is selected (name patterns need [`Selection::matches_worker`]).
     pub fn matches(&self, path: &str) -> bool {
-        self.is_all() || self.globs.is_match(path)
+        self.matches_worker(Some(path), None, &BTreeMap::new())
+    }
+
+    /// Whether a worker is selected, by its path, its name and its ids (as its identity
+    /// gives them, or a recording kept them).
+    pub fn matches_worker(
+        &self,
+        path: Option<&str>,
+        name: Option<&str>,
+        ids: &BTreeMap<String, String>,
+    ) -> bool {
+        if self.is_all() {
+            return true;
+        }
+        if path.is_some_and(|path| self.globs.is_match(path))
+            || name.is_some_and(|name| self.names.is_match(name))
+        {
+            return true;
+        }
+        if self.containers.is_empty() {
+            return false;
+        }
+        let container_name = ids.get("container_name").map(String::as_str);
+        let id = ids.get("container_id").map(String::as_str);
+        let short_id = id.and_then(|id| id.get(..SHORT_CONTAINER_ID_LEN));
+        [container_name, id, short_id]
+            .into_iter()
+            .flatten()
+            .any(|text| self.containers.is_match(text))
+    }
+
+    /// Whether a worker with this identity is selected.
+    pub fn matches_identity(&self, path: &str, identity: &super::identity::Identity) -> bool {
+        self.matches_worker(Some(path), Some(&identity.name), &identity.ids)
     }
 
     /// Whether every worker is selected.
@@ -90,14 +150,37 @@ pub fn parse_pattern(text: &str) -> Result<String, String> {
         .map_err(|error| error.to_string())
 }
 
+/// What a pattern is matched against.
+#[derive(Clone, Copy)]
+enum Target {
+    Path = 0,
+    Name = 1,
+    Container = 2,
+}
+
 /// Compiles one pattern with the module's rules (see the module doc).
-fn compile(pattern: &str) -> Result<globset::Glob, SelectionError> {
+fn compile(pattern: &str) -> Result<(Target, globset::Glob), SelectionError> {
     let invalid = |reason: String| SelectionError::InvalidPattern {
         pattern: pattern.to_owned(),
         reason,
     };
     if pattern.trim().is_empty() {
         return Err(invalid("it is empty".to_owned()));
+    }
+    for (prefix, target) in [
+        (NAME_PREFIX, Target::Name),
+        (CONTAINER_PREFIX, Target::Container),
+    ] {
+        if let Some(glob) = pattern.strip_prefix(prefix) {
+            if glob.trim().is_empty() {
+                return Err(invalid(format!("nothing follows `{prefix}`")));
+            }
+            let glob = GlobBuilder::new(glob)
+                .literal_separator(false)
+                .build()
+                .map_err(|error| invalid(error.kind().to_string()))?;
+            return Ok((target, glob));
+        }
     }
     let glob = if pattern.starts_with('/') || pattern.starts_with('*') {
         pattern.to_owned()
@@ -109,6 +192,7 @@ fn compile(pattern: &str) -> Result<globset::Glob, SelectionError> {
         // `*docker*`.
         .literal_separator(false)
         .build()
+        .map(|glob| (Target::Path, glob))
         .map_err(|error| invalid(error.kind().to_string()))
 }
 
@@ -122,6 +206,52 @@ mod tests {
     }
 
     const DOCKER: &str = "/system.slice/docker-4f3a9c1e7b2d5a8f0c6e3b9d1a7f4c2e8b5d0a3f6c9e2b7d4a1f8c5e0b3d6a9f.scope";
+
+    #[test]
+    fn name_and_container_patterns_match_identities() {
+        let podman = crate::model::identity::identify(
+            "/libpod_parent/libpod-4f3a9c1e7b2d5a8f0c6e3b9d1a7f4c2e8b5d0a3f6c9e2b7d4a1f8c5e0b3d6a9f",
+        )
+        .named_by(&crate::model::identity::ContainerInfo {
+            runtime: "podman".into(),
+            id: "4f3a9c1e7b2d5a8f0c6e3b9d1a7f4c2e8b5d0a3f6c9e2b7d4a1f8c5e0b3d6a9f".into(),
+            name: "wp-burn".into(),
+            ..Default::default()
+        });
+        let path = "/libpod_parent/libpod-x";
+        for pattern in [
+            "container:wp-burn",
+            "container:wp-*",
+            "container:4f3a9c1e7b2d",
+            "name:wp-b*",
+        ] {
+            assert!(
+                select(&[pattern]).matches_identity(path, &podman),
+                "{pattern}"
+            );
+        }
+        for pattern in [
+            "container:other",
+            "name:libpod*",
+            "wp-burn",
+            "container:4f3a",
+        ] {
+            assert!(
+                !select(&[pattern]).matches_identity(path, &podman),
+                "{pattern}"
+            );
+        }
+        // A unit is no container, but has a name.
+        let unit = crate::model::identity::identify("/system.slice/nginx.service");
+        assert!(
+            !select(&["container:nginx"]).matches_identity("/system.slice/nginx.service", &unit)
+        );
+        assert!(select(&["name:nginx"]).matches_identity("/system.slice/nginx.service", &unit));
+        // Without its identity, only paths can match.
+        assert!(!select(&["name:nginx"]).matches("/system.slice/nginx.service"));
+        assert!(Selection::new(&["container:".into()]).is_err());
+        assert!(Selection::new(&["name:[".into()]).is_err());
+    }
 
     #[test]
     fn all_selects_everything() {
@@ -199,7 +329,7 @@ mod tests {
         );
         assert!(
             message.ends_with(
-                "); write a glob on the cgroup path like '/system.slice/*.service' or '*docker*'"
+                "); write a glob on the cgroup path like '/system.slice/*.service' or '*docker*', or on names like 'container:ingest-*'"
             ),
             "{message}"
         );
@@ -211,7 +341,7 @@ mod tests {
         let message = parse_pattern("").expect_err("empty is invalid");
         assert_eq!(
             message,
-            "`` is not a valid worker pattern (it is empty); write a glob on the cgroup path like '/system.slice/*.service' or '*docker*'"
+            "`` is not a valid worker pattern (it is empty); write a glob on the cgroup path like '/system.slice/*.service' or '*docker*', or on names like 'container:ingest-*'"
         );
         assert!(Selection::new(&[String::new()]).is_err());
     }

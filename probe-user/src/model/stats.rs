@@ -272,12 +272,11 @@ impl Interval {
         if selection.is_all() {
             return;
         }
-        self.workers.retain(|worker| {
-            worker
-                .path
-                .as_deref()
-                .is_some_and(|path| selection.matches(path))
-        });
+        self.workers
+            .retain(|worker| match (&worker.path, worker.named()) {
+                (Some(path), Some(identity)) => selection.matches_identity(path, &identity),
+                _ => false,
+            });
     }
 }
 

@@ -312,6 +312,26 @@ pub struct ExitLine {
     pub summary: serde_json::Map<String, serde_json::Value>,
 }
 
+impl ExitLine {
+    /// The worker's name, as the summary gave it.
+    pub fn name(&self) -> Option<&str> {
+        self.summary.get("name").and_then(|name| name.as_str())
+    }
+
+    /// The worker's ids, as the summary gave them.
+    pub fn ids(&self) -> BTreeMap<String, String> {
+        self.summary
+            .get("ids")
+            .and_then(|ids| ids.as_object())
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|(key, value)| Some((key.clone(), value.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 /// What the writer serializes for an exit: the summary as `watch --json` prints it, plus
 /// the schema version.
 #[derive(Serialize)]

@@ -67,10 +67,10 @@ impl WorkerNames {
         {
             return Arc::clone(identity);
         }
-        let identity = self.named.get(&cgroup_id).map_or_else(
-            || identify(path),
-            |identity| Identity::clone(identity),
-        );
+        let identity = self
+            .named
+            .get(&cgroup_id)
+            .map_or_else(|| identify(path), |identity| Identity::clone(identity));
         let identity = Arc::new(match self.runtimes.describe(&identity) {
             Some(info) => identity.named_by(&info),
             None => identity,

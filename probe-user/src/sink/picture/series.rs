@@ -330,7 +330,10 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
                 .path
                 .clone()
                 .unwrap_or_else(|| format!("cgroup {}", line.cgroup_id));
-            if !choice.selection.matches(&path) {
+            if !choice
+                .selection
+                .matches_worker(Some(&path), line.name.as_deref(), &line.ids)
+            {
                 continue;
             }
             let kind = line
@@ -396,7 +399,10 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
         series.points.push(point);
     }
     for exit in recording.segments.iter().flat_map(|segment| &segment.exits) {
-        if !choice.selection.matches(&exit.path) {
+        if !choice
+            .selection
+            .matches_worker(Some(&exit.path), exit.name(), &exit.ids())
+        {
             continue;
         }
         let row = exit_row(exit, seconds_of);
