@@ -356,14 +356,17 @@ const COLUMNS: [(&str, u16); 14] = [
 const MIN_WORKER_WIDTH: u16 = 24;
 
 /// The order columns are dropped in as the terminal narrows (indexes into `COLUMNS`): the
-/// totals (RECV, SENT, CPU-TOTAL), WAITING ON, the split of the time (SLEEP%, IO%, RUNQ%),
-/// MEM, RECV/s, CPU%, SEND/s, NAME. A number is never cut: a column goes whole.
-const DROP_ORDER: [usize; 12] = [13, 12, 11, 7, 6, 5, 4, 10, 9, 3, 8, 1];
+/// totals (RECV, SENT, CPU-TOTAL), NAME (the path's tail names most workers too), WAITING ON,
+/// the split of the time (SLEEP%, IO%, RUNQ%), MEM, RECV/s, CPU%, SEND/s. A number is never
+/// cut: a column goes whole.
+const DROP_ORDER: [usize; 12] = [13, 12, 11, 1, 7, 6, 5, 4, 10, 9, 3, 8];
 
 /// The columns that fit `width` (WORKER, CORES and the sort column `keep` always), in
-/// table order.
-fn visible_columns(width: u16, keep: &str) -> Vec<usize> {
-    let mut shown: Vec<usize> = (0..COLUMNS.len()).collect();
+/// table order; NAME only when `names_tell_more` (some row's name is not its path's tail).
+fn visible_columns(width: u16, keep: &str, names_tell_more: bool) -> Vec<usize> {
+    let mut shown: Vec<usize> = (0..COLUMNS.len())
+        .filter(|&column| names_tell_more || COLUMNS[column].0 != "NAME")
+        .collect();
     // The highlight symbol takes a cell, and each column after the first a space.
     let needed = |shown: &[usize]| {
         1 + MIN_WORKER_WIDTH
@@ -392,7 +395,12 @@ fn render_table(
     view: &TopView,
     measured: Measured,
 ) {
-    let shown = visible_columns(area.width, view.sort.title());
+    let names_tell_more = rows.iter().any(|worker| {
+        let name = super::table::worker_name(worker);
+        let label = worker_label(worker);
+        label.rsplit('/').next() != Some(name.as_str())
+    });
+    let shown = visible_columns(area.width, view.sort.title(), names_tell_more);
     // What WORKER gets: the width left after the other columns shown and their spaces.
     let worker_width = area.width.saturating_sub(
         1 + shown
@@ -1045,6 +1053,37 @@ mod tests {
     }
 
     #[test]
+    fn a_name_column_appears_when_names_tell_more_than_paths() {
+        let mut interval = interval();
+        let text = screen_text(&interval, &TopView::new(10, 2), 200, 24);
+        assert!(
+            !text.lines().nth(1).unwrap_or("").contains("NAME"),
+            "{text}"
+        );
+        let id = "4f3a9c1e7b2d5a8f0c6e3b9d1a7f4c2e8b5d0a3f6c9e2b7d4a1f8c5e0b3d6a9f";
+        let path = format!("/libpod_parent/libpod-{id}");
+        let named = crate::model::identity::identify(&path).named_by(
+            &crate::model::identity::ContainerInfo {
+                runtime: "podman".into(),
+                id: id.into(),
+                name: "wp-burn".into(),
+                ..Default::default()
+            },
+        );
+        interval.workers[0].path = Some(path);
+        interval.workers[0].identity = Some(std::sync::Arc::new(named));
+        let text = screen_text(&interval, &TopView::new(10, 2), 200, 24);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[1].contains("NAME"), "{text}");
+        assert!(
+            lines
+                .iter()
+                .any(|line| line.starts_with(" /libpod_parent/libp") && line.contains(" wp-burn ")),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn screen_shows_header_table_detail_and_keys() {
         let interval = interval();
         let mut view = TopView::new(10, 2);
@@ -1052,7 +1091,7 @@ mod tests {
         view.sync(&interval);
         press(&mut view, KeyCode::Down); // /busy, second by run-queue wait
         view.sync(&interval);
-        let text = screen_text(&interval, &view, 160, 24);
+        let text = screen_text(&interval, &view, 140, 24);
         let lines: Vec<&str> = text.lines().collect();
         assert!(
             lines[0].starts_with("workers active: 3 (shown 3)  interval: 1.00s  drops since start: 3  node CPUs: 2  sort: RUNQ%"),
@@ -1061,7 +1100,6 @@ mod tests {
         let header = lines[1];
         for title in [
             "WORKER",
-            "NAME",
             "CORES",
             "CPU%",
             "RUNQ%▼",
