@@ -6,15 +6,17 @@
 //! give. Lookups are answered from memory: a runtime's state is read when it changes, not per
 //! lookup, so a container that lived a fraction of a second is named too.
 
+mod docker;
 mod podman;
 
 use std::{collections::HashMap, sync::Arc};
 
-use crate::model::identity::{ContainerInfo, Identity, identify};
+use crate::model::identity::{ContainerInfo, Identity, WorkerKind, identify};
 
 /// The container runtimes found on this node.
 pub struct Runtimes {
     podman: Option<podman::Podman>,
+    docker: Option<docker::Docker>,
 }
 
 impl Runtimes {
@@ -22,19 +24,27 @@ impl Runtimes {
     pub fn probe() -> Self {
         Self {
             podman: podman::Podman::start(podman::DEFAULT_GRAPH_ROOT.as_ref()),
+            docker: docker::Docker::start(docker::DEFAULT_SOCKET.as_ref()),
         }
     }
 
     /// No runtime at all (tests, and callers that only want paths).
     pub fn none() -> Self {
-        Self { podman: None }
+        Self {
+            podman: None,
+            docker: None,
+        }
     }
 
     /// What the container's runtime says of it, if that runtime is here and knows it.
     fn describe(&self, identity: &Identity) -> Option<ContainerInfo> {
         let id = identity.container_id()?;
-        match identity.ids.get("runtime").map(String::as_str) {
-            Some("podman") => self.podman.as_ref()?.describe(id),
+        let runtime = identity.ids.get("runtime").map(String::as_str);
+        match (identity.kind, runtime) {
+            (WorkerKind::Podman, _) => self.podman.as_ref()?.describe(id),
+            (WorkerKind::Docker, _) | (WorkerKind::Kubernetes, Some("docker")) => {
+                self.docker.as_ref()?.describe(id)
+            }
             _ => None,
         }
     }
