@@ -30,7 +30,7 @@ fn snapshot_json_reports_a_worker_cpu_and_bytes() {
     assert!(output.status.success(), "agent failed: {:?}", output.status);
     let document: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("one JSON document");
-    assert_eq!(document["schema_version"], 2);
+    assert_eq!(document["schema_version"], 3);
     assert!(
         document["window"]["duration_seconds"]
             .as_f64()

@@ -23,4 +23,5 @@ pub use stats::{
 /// 2: an exit record's `net.families` holds the four figures per family as an object, as
 /// tick lines and `snapshot --json` do (it was `[sent_bytes, received_bytes]`), and
 /// `lithops.worker_peak_memory` is `worker_peak_memory_end`, Lithops' own name.
-pub const SCHEMA_VERSION: u32 = 2;
+/// 3: kind `podman`, and a container's `name` is the one its runtime gave it.
+pub const SCHEMA_VERSION: u32 = 3;
