@@ -133,7 +133,7 @@ pub struct ReplayArgs {
     /// time; default: every tick in turn.
     #[arg(long, value_parser = parse_at_text)]
     pub at: Option<String>,
-    /// Only workers whose cgroup path matches this glob, or `name:GLOB` / `container:GLOB`.
+    /// Only workers whose cgroup path matches this glob, or `name:`, `container:`, `pod:GLOB`.
     #[arg(long = "workers", visible_alias = "worker", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
     pub patterns: Vec<String>,
     /// Print JSON instead of tables.
@@ -151,7 +151,7 @@ pub struct PictureArgs {
     #[arg(long, value_name = "FILE", value_parser = parse_output_file)]
     pub out: std::path::PathBuf,
     /// Only workers whose cgroup path matches this glob, or whose name matches `name:GLOB`,
-    /// or whose container's name or id matches `container:GLOB` (repeat for several).
+    /// container `container:GLOB` or pod `pod:GLOB` (repeat for several).
     #[arg(long = "workers", visible_alias = "worker", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
     pub patterns: Vec<String>,
     /// Start at this time: seconds from the start (e.g. 30s, 2m, 45) or an RFC 3339 time.
@@ -205,9 +205,9 @@ pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
     /// Only workers whose cgroup path matches this glob (`*` crosses `/`; a bare name matches
-    /// the last component, e.g. nginx.service), whose name matches `name:GLOB`, or whose
-    /// container's name or id matches `container:GLOB` (e.g. container:ingest-*). Repeat for
-    /// several.
+    /// the last component, e.g. nginx.service), whose name matches `name:GLOB`, whose
+    /// container's name or id matches `container:GLOB` (e.g. container:ingest-*), or whose
+    /// Kubernetes pod matches `pod:GLOB` (name or namespace/name). Repeat for several.
     #[arg(long = "workers", visible_alias = "worker", value_name = "PATTERN", value_parser = crate::model::selection::parse_pattern)]
     pub patterns: Vec<String>,
 }

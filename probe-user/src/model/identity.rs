@@ -50,6 +50,17 @@ pub struct ContainerInfo {
     pub image: Option<String>,
     /// The image's id.
     pub image_id: Option<String>,
+    /// The Kubernetes pod it belongs to, when its runtime labels it so.
+    pub pod: Option<PodNames>,
+}
+
+/// A Kubernetes pod's names, as the `io.kubernetes.*` labels on its containers give them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodNames {
+    /// The pod's name.
+    pub name: String,
+    /// Its namespace.
+    pub namespace: String,
 }
 
 impl Identity {
@@ -73,6 +84,13 @@ impl Identity {
         {
             let short_id = short(&info.id, SHORT_CONTAINER_ID_LEN).to_owned();
             self.name = self.name.replacen(&short_id, &info.name, 1);
+            if let Some(pod) = &info.pod {
+                // `namespace/pod/container`, as kubectl would point at it.
+                self.name = format!("{}/{}/{}", pod.namespace, pod.name, info.name);
+                self.ids.insert("pod_name".to_owned(), pod.name.clone());
+                self.ids
+                    .insert("namespace".to_owned(), pod.namespace.clone());
+            }
             self.ids
                 .insert("container_name".to_owned(), info.name.clone());
             self.ids.insert("runtime".to_owned(), info.runtime.clone());
@@ -556,6 +574,7 @@ mod tests {
             name: "wp-burn".into(),
             image: Some("localhost/busybox:test".into()),
             image_id: None,
+            pod: None,
         };
         let identity = identify(&format!("/machine.slice/libpod-{CID}.scope/container"));
         assert!(identity.wants_container_name());

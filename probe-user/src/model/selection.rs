@@ -9,7 +9,8 @@
 //! - A pattern matches the path it names, not its descendants: `/system.slice/*` matches them.
 //! - `name:GLOB` matches the worker's name (a container's name, a unit's, `top`'s NAME), and
 //!   `container:GLOB` a container's name, full id or 12-character id (`podman ps`'s), so
-//!   `container:wp-*` picks containers by the names they were given.
+//!   `container:wp-*` picks containers by the names they were given, and `pod:GLOB` a
+//!   Kubernetes pod's name or `namespace/name` (where the runtime told them).
 //! - A worker is selected when any pattern matches; no pattern at all selects every worker.
 
 use std::collections::BTreeMap;
@@ -20,6 +21,8 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 const NAME_PREFIX: &str = "name:";
 /// A pattern on container names and ids.
 const CONTAINER_PREFIX: &str = "container:";
+/// A pattern on Kubernetes pod names.
+const POD_PREFIX: &str = "pod:";
 /// How many hex digits of a container id `podman ps` and `docker ps` show.
 const SHORT_CONTAINER_ID_LEN: usize = 12;
 
@@ -32,6 +35,8 @@ pub struct Selection {
     names: GlobSet,
     /// The compiled `container:` patterns.
     containers: GlobSet,
+    /// The compiled `pod:` patterns.
+    pods: GlobSet,
     /// The patterns as the user wrote them, for messages; empty when every worker is selected.
     patterns: Vec<String>,
 }
@@ -58,6 +63,7 @@ impl Selection {
             globs: GlobSet::empty(),
             names: GlobSet::empty(),
             containers: GlobSet::empty(),
+            pods: GlobSet::empty(),
             patterns: Vec::new(),
         }
     }
@@ -72,13 +78,14 @@ impl Selection {
             GlobSetBuilder::new(),
             GlobSetBuilder::new(),
             GlobSetBuilder::new(),
+            GlobSetBuilder::new(),
         ];
         for pattern in patterns {
             let (on, glob) = compile(pattern)?;
             builders[on as usize].add(glob);
         }
         // Each glob compiled alone, so a failure here is the set as a whole (e.g. too large).
-        let [globs, names, containers] = builders.map(|builder| {
+        let [globs, names, containers, pods] = builders.map(|builder| {
             builder
                 .build()
                 .map_err(|error| SelectionError::InvalidPattern {
@@ -90,6 +97,7 @@ impl Selection {
             globs: globs?,
             names: names?,
             containers: containers?,
+            pods: pods?,
             patterns: patterns.to_vec(),
         })
     }
@@ -114,6 +122,16 @@ impl Selection {
             || name.is_some_and(|name| self.names.is_match(name))
         {
             return true;
+        }
+        if let Some(pod) = ids.get("pod_name")
+            && !self.pods.is_empty()
+        {
+            let namespaced = ids
+                .get("namespace")
+                .map(|namespace| format!("{namespace}/{pod}"));
+            if self.pods.is_match(pod) || namespaced.is_some_and(|n| self.pods.is_match(n)) {
+                return true;
+            }
         }
         if self.containers.is_empty() {
             return false;
@@ -156,6 +174,7 @@ enum Target {
     Path = 0,
     Name = 1,
     Container = 2,
+    Pod = 3,
 }
 
 /// Compiles one pattern with the module's rules (see the module doc).
@@ -170,6 +189,7 @@ fn compile(pattern: &str) -> Result<(Target, globset::Glob), SelectionError> {
     for (prefix, target) in [
         (NAME_PREFIX, Target::Name),
         (CONTAINER_PREFIX, Target::Container),
+        (POD_PREFIX, Target::Pod),
     ] {
         if let Some(glob) = pattern.strip_prefix(prefix) {
             if glob.trim().is_empty() {
@@ -241,6 +261,14 @@ mod tests {
                 "{pattern}"
             );
         }
+        let mut pod = podman.clone();
+        pod.ids.insert("pod_name".into(), "ingest-7f9c".into());
+        pod.ids.insert("namespace".into(), "batch".into());
+        for pattern in ["pod:ingest-*", "pod:batch/*", "pod:*/ingest-7f9c"] {
+            assert!(select(&[pattern]).matches_identity(path, &pod), "{pattern}");
+        }
+        assert!(!select(&["pod:ingest-*"]).matches_identity(path, &podman));
+        assert!(!select(&["pod:other/*"]).matches_identity(path, &pod));
         // A unit is no container, but has a name.
         let unit = crate::model::identity::identify("/system.slice/nginx.service");
         assert!(

@@ -18,7 +18,7 @@ use std::{
 
 use serde::Deserialize;
 
-use crate::model::identity::ContainerInfo;
+use crate::model::identity::{ContainerInfo, PodNames};
 
 /// Where dockerd listens by default.
 pub const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
@@ -69,6 +69,8 @@ struct ListedContainer {
     image: Option<String>,
     #[serde(rename = "ImageID", default)]
     image_id: Option<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
 }
 
 /// One line of `GET /events`.
@@ -229,18 +231,41 @@ fn parse_list(body: &str) -> Result<Vec<ContainerInfo>, String> {
         serde_json::from_str(body).map_err(|error| format!("not the JSON expected: {error}"))?;
     Ok(listed
         .into_iter()
-        .map(|container| ContainerInfo {
-            runtime: "docker".into(),
-            name: container
+        .map(|mut container| {
+            let docker_name = container
                 .names
                 .first()
                 .map(|name| name.trim_start_matches('/').to_owned())
-                .unwrap_or_default(),
-            id: container.id,
-            image: container.image,
-            image_id: container.image_id,
+                .unwrap_or_default();
+            let (name, pod) = kubernetes_names(&mut container.labels, docker_name);
+            ContainerInfo {
+                runtime: "docker".into(),
+                name,
+                id: container.id,
+                image: container.image,
+                image_id: container.image_id,
+                pod,
+            }
         })
         .collect())
+}
+
+/// The container's Kubernetes name and pod, when the kubelet's Docker shim (cri-dockerd)
+/// labelled it; else its Docker name and no pod.
+fn kubernetes_names(
+    labels: &mut BTreeMap<String, String>,
+    docker_name: String,
+) -> (String, Option<PodNames>) {
+    let pod_name = labels.remove("io.kubernetes.pod.name");
+    let namespace = labels.remove("io.kubernetes.pod.namespace");
+    let container = labels.remove("io.kubernetes.container.name");
+    match (pod_name, namespace) {
+        (Some(name), Some(namespace)) => (
+            container.unwrap_or(docker_name),
+            Some(PodNames { name, namespace }),
+        ),
+        _ => (docker_name, None),
+    }
 }
 
 /// The container a `create` event tells of.
@@ -250,12 +275,16 @@ fn parse_event(line: &str) -> Option<ContainerInfo> {
         return None;
     }
     let mut actor = event.actor?;
+    // The attributes hold the labels too.
+    let docker_name = actor.attributes.remove("name").unwrap_or_default();
+    let (name, pod) = kubernetes_names(&mut actor.attributes, docker_name);
     Some(ContainerInfo {
         runtime: "docker".into(),
         id: actor.id,
-        name: actor.attributes.remove("name").unwrap_or_default(),
+        name,
         image: actor.attributes.remove("image"),
         image_id: None,
+        pod,
     })
 }
 
@@ -326,6 +355,37 @@ mod tests {
         assert_eq!(made.image.as_deref(), Some("wp-busybox:test"));
         assert_eq!(made.runtime, "docker");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_container_the_kubelet_labelled_gets_its_pod_names() {
+        // Docker 20.10.24's answers for a container labelled as cri-dockerd labels them.
+        let listed =
+            parse_list(include_str!("testdata/docker-20.10-k8s-containers.json")).expect("parses");
+        let made = parse_event(include_str!("testdata/docker-20.10-k8s-events.jsonl"))
+            .expect("a create event");
+        for info in [&listed[0], &made] {
+            assert_eq!(info.name, "ingest");
+            assert_eq!(
+                info.pod,
+                Some(PodNames {
+                    name: "ingest-7f9c".into(),
+                    namespace: "batch".into()
+                })
+            );
+        }
+        let path = format!(
+            "/kubepods/burstable/pod7c1f9e0a-3b2d-4e5f-8a6b-0c9d1e2f3a4b/docker-{}.scope",
+            made.id
+        );
+        let identity = crate::model::identity::identify(&path);
+        assert_eq!(identity.ids["runtime"], "docker");
+        let named = identity.named_by(&made);
+        assert_eq!(named.name, "batch/ingest-7f9c/ingest");
+        assert_eq!(named.ids["pod_name"], "ingest-7f9c");
+        assert_eq!(named.ids["namespace"], "batch");
+        assert_eq!(named.ids["container_name"], "ingest");
+        assert_eq!(named.ids["pod_uid"], "7c1f9e0a-3b2d-4e5f-8a6b-0c9d1e2f3a4b");
     }
 
     #[test]

@@ -60,55 +60,38 @@ struct PodmanMetadata {
 }
 
 impl Podman {
-    /// Starts watching the storage under `graph_root`; `None` when podman has none there.
+    /// Starts watching the storage under `graph_root`; `None` when podman is not here. A
+    /// podman that has not made a container yet has no list: its storage is looked for
+    /// every few seconds until it appears.
     pub fn start(graph_root: &Path) -> Option<Self> {
-        let dir = containers_dir(graph_root)?;
         let known = Arc::new(Mutex::new(Known::default()));
-        let file = dir.join(CONTAINERS_FILE);
-        if let Err(reason) = refresh(&known, &file) {
-            crate::say!(
-                "workerprobe: podman containers are named by id only: {} cannot be read ({reason})",
-                file.display()
-            );
-            return None;
-        }
-        let watched = Arc::clone(&known);
-        let watch = Inotify::init().and_then(|inotify| {
-            inotify.watches().add(
-                &dir,
-                WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE | WatchMask::CREATE,
-            )?;
-            Ok(inotify)
-        });
-        match watch {
-            Ok(mut inotify) => {
-                let spawned = std::thread::Builder::new()
-                    .name("podman-names".into())
-                    .spawn(move || {
-                        let mut buffer = [0u8; 4096];
-                        // Ends when the watch fails; what was read stays known.
-                        while let Ok(events) = inotify.read_events_blocking(&mut buffer) {
-                            let touched = events
-                                .filter(|event| {
-                                    event.name.is_some_and(|name| name == CONTAINERS_FILE)
-                                })
-                                .count();
-                            if touched > 0 {
-                                let _ = refresh(&watched, &file);
-                            }
-                        }
-                    });
-                if spawned.is_err() {
+        match containers_dir(graph_root) {
+            Some(dir) => {
+                let file = dir.join(CONTAINERS_FILE);
+                if let Err(reason) = refresh(&known, &file) {
                     crate::say!(
-                        "workerprobe: podman containers made from now on are named by id only: no thread could watch {}",
-                        dir.display()
+                        "workerprobe: podman containers are named by id only: {} cannot be read ({reason})",
+                        file.display()
                     );
+                    return None;
                 }
+                let watched = Arc::clone(&known);
+                spawn_named(move || watch(&dir, &watched));
             }
-            Err(reason) => crate::say!(
-                "workerprobe: podman containers made from now on are named by id only: {} cannot be watched ({reason})",
-                dir.display()
-            ),
+            None if graph_root.exists() || Path::new(PODMAN).exists() => {
+                let root = graph_root.to_path_buf();
+                let watched = Arc::clone(&known);
+                spawn_named(move || {
+                    loop {
+                        std::thread::sleep(STORAGE_POLL);
+                        if let Some(dir) = containers_dir(&root) {
+                            let _ = refresh(&watched, &dir.join(CONTAINERS_FILE));
+                            return watch(&dir, &watched);
+                        }
+                    }
+                });
+            }
+            None => return None,
         }
         Some(Self { known })
     }
@@ -117,6 +100,59 @@ impl Podman {
     pub fn describe(&self, id: &str) -> Option<ContainerInfo> {
         let known = self.known.lock().ok()?;
         known.by_id.get(id).map(|(info, _)| info.clone())
+    }
+}
+
+/// Where Debian's podman is: installed but unused, its storage is still to come.
+const PODMAN: &str = "/usr/bin/podman";
+
+/// How often a podman that has made no container yet is looked at again.
+const STORAGE_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Runs `work` on the thread that follows podman's storage.
+fn spawn_named(work: impl FnOnce() + Send + 'static) {
+    if std::thread::Builder::new()
+        .name("podman-names".into())
+        .spawn(work)
+        .is_err()
+    {
+        crate::say!(
+            "workerprobe: podman containers made from now on are named by id only: no thread could follow its storage"
+        );
+    }
+}
+
+/// Reads the list again after each change podman makes to it; returns if the watch fails
+/// (what was read stays known).
+fn watch(dir: &Path, known: &Mutex<Known>) {
+    let file = dir.join(CONTAINERS_FILE);
+    let inotify = Inotify::init().and_then(|inotify| {
+        inotify.watches().add(
+            dir,
+            WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE | WatchMask::CREATE,
+        )?;
+        Ok(inotify)
+    });
+    let mut inotify = match inotify {
+        Ok(inotify) => inotify,
+        Err(reason) => {
+            crate::say!(
+                "workerprobe: podman containers made from now on are named by id only: {} cannot be watched ({reason})",
+                dir.display()
+            );
+            return;
+        }
+    };
+    // A change between the first read and the watch would otherwise wait for the next one.
+    let _ = refresh(known, &file);
+    let mut buffer = [0u8; 4096];
+    while let Ok(events) = inotify.read_events_blocking(&mut buffer) {
+        let touched = events
+            .filter(|event| event.name.is_some_and(|name| name == CONTAINERS_FILE))
+            .count();
+        if touched > 0 {
+            let _ = refresh(known, &file);
+        }
     }
 }
 
@@ -192,6 +228,7 @@ fn parse_containers(text: &str) -> Result<Vec<ContainerInfo>, String> {
                 name,
                 image: metadata.image_name,
                 image_id: (!container.image.is_empty()).then_some(container.image),
+                pod: None,
             }
         })
         .collect())
@@ -217,10 +254,50 @@ mod tests {
                 image_id: Some(
                     "3c3fde9c1e523a8fcb380b75456772246eb6cbe611af443befdfb713e66574c4".into()
                 ),
+                pod: None,
             }]
         );
         assert_eq!(parse_containers("[]").expect("parses"), vec![]);
         assert!(parse_containers("{").is_err());
+    }
+
+    #[test]
+    fn a_podman_that_makes_its_first_container_later_is_followed() {
+        let root = std::env::temp_dir().join(format!("wp-podman-late-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).expect("makes the graph root");
+        let podman = Podman::start(&root).expect("a graph root is podman's");
+        let dir = root.join("overlay-containers");
+        fs::create_dir_all(&dir).expect("makes the containers directory");
+        // As podman writes it: a temporary file renamed over the list.
+        fs::write(dir.join("tmp"), RECORDED).expect("writes");
+        fs::rename(dir.join("tmp"), dir.join(CONTAINERS_FILE)).expect("renames");
+        let id = "ef0fe9038eb3bd233d17d4331b0cdc1cdb0e764e6bba82927173e68f1f756a02";
+        let deadline = std::time::Instant::now() + 4 * STORAGE_POLL;
+        while podman.describe(id).is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the list was never read"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // And a later rewrite is seen through the watch.
+        let renamed = RECORDED.replace("wp-probe2", "wp-renamed");
+        let deadline = std::time::Instant::now() + 4 * STORAGE_POLL;
+        while podman
+            .describe(id)
+            .is_some_and(|info| info.name != "wp-renamed")
+        {
+            fs::write(dir.join("tmp"), &renamed).expect("writes");
+            fs::rename(dir.join("tmp"), dir.join(CONTAINERS_FILE)).expect("renames");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the rewrite was never read"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(Podman::start(&root.join("absent")).is_some() == Path::new(PODMAN).exists());
+        let _ = fs::remove_dir_all(&root);
     }
 
     #[test]

@@ -37,11 +37,13 @@ use crate::model::{
 
 /// Identity ids that become labels of `workerprobe_worker_info`: few, and each names the
 /// worker in another system (a container runtime, Kubernetes, systemd) to join on.
-const INFO_ID_LABELS: [&str; 9] = [
+const INFO_ID_LABELS: [&str; 11] = [
     "container_id",
     "container_name",
     "image",
     "role",
+    "pod_name",
+    "namespace",
     "pod_uid",
     "qos",
     "runtime",
