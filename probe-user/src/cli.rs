@@ -310,6 +310,22 @@ pub struct ProbeArgs {
     /// other (tracepoint: sock_send_length, 6.3+; fexit: the protocols' sendmsg/recvmsg).
     #[arg(long, hide = true, value_enum)]
     pub net_attach: Option<NetAttachChoice>,
+    /// The node's name in headers and recordings, to tell nodes apart when their recordings
+    /// are read together (default: the host name).
+    #[arg(long, value_name = "NAME", value_parser = parse_node_name)]
+    pub node_name: Option<String>,
+}
+
+/// A node name: printable, no spaces, at most 253 characters (a DNS name's limit).
+fn parse_node_name(text: &str) -> Result<String, String> {
+    let fits = !text.is_empty() && text.len() <= 253 && text.chars().all(|c| c.is_ascii_graphic());
+    if fits {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "`{text}` is not a node name: use 1 to 253 printable characters without spaces, e.g. node-a"
+        ))
+    }
 }
 
 /// `--net-attach` values.

@@ -2,6 +2,37 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// The kernel's own view of how good the wall clock is (`adjtimex`, as NTP and chrony keep
+/// it): whether a time service has it synchronised, and its estimated and maximum error.
+/// Timestamps of two nodes are comparable only to within their errors.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ClockQuality {
+    /// Synchronised: `STA_UNSYNC` is clear and adjtimex does not answer `TIME_ERROR`.
+    pub synchronized: bool,
+    /// `esterror`: the time service's estimate of the clock's error, seconds.
+    pub estimated_error_seconds: f64,
+    /// `maxerror`: the most the clock may be off, seconds (grows while unsynchronised).
+    pub max_error_seconds: f64,
+}
+
+impl ClockQuality {
+    /// The clock's quality now; `None` where adjtimex fails.
+    pub fn read() -> Option<Self> {
+        // SAFETY: a zeroed timex with modes 0 only reads; adjtimex writes into it.
+        let mut timex: libc::timex = unsafe { std::mem::zeroed() };
+        // SAFETY: `timex` is valid and writable.
+        let state = unsafe { libc::adjtimex(&mut timex) };
+        if state < 0 {
+            return None;
+        }
+        Some(Self {
+            synchronized: state != libc::TIME_ERROR && timex.status & libc::STA_UNSYNC == 0,
+            estimated_error_seconds: timex.esterror as f64 / 1e6,
+            max_error_seconds: timex.maxerror as f64 / 1e6,
+        })
+    }
+}
+
 /// A moment on both clocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Timestamp {

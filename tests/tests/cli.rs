@@ -12,7 +12,17 @@ fn snapshot_json_reports_a_worker_cpu_and_bytes() {
     let sender = TestCgroup::new("cli-send");
     let receiver = TestCgroup::new("cli-recv");
     // Start the work only once the window has begun.
-    let agent = start_agent(&["snapshot", "--json", "--duration", "4s"], "attached");
+    let agent = start_agent(
+        &[
+            "snapshot",
+            "--json",
+            "--duration",
+            "4s",
+            "--node-name",
+            "node-a",
+        ],
+        "attached",
+    );
 
     let mut recv = receiver.spawn_workload(&["recv", "tcp", "127.0.0.1:0", "0"]);
     let addr = read_first_json_line(&mut recv)["addr"]
@@ -31,6 +41,21 @@ fn snapshot_json_reports_a_worker_cpu_and_bytes() {
     let document: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("one JSON document");
     assert_eq!(document["schema_version"], 3);
+    // The node as named, and its clock as the kernel sees it (adjtimex read here too).
+    assert_eq!(document["node"]["name"], "node-a");
+    // SAFETY: a zeroed timex with modes 0 only reads.
+    let mut timex: libc::timex = unsafe { std::mem::zeroed() };
+    // SAFETY: `timex` is valid and writable.
+    let state = unsafe { libc::adjtimex(&mut timex) };
+    let synchronized = state != libc::TIME_ERROR && timex.status & libc::STA_UNSYNC == 0;
+    let clock = &document["node"]["clock"];
+    assert_eq!(clock["synchronized"], synchronized, "{clock}");
+    assert!(
+        clock["max_error_seconds"]
+            .as_f64()
+            .is_some_and(|s| s >= 0.0),
+        "{clock}"
+    );
     assert!(
         document["window"]["duration_seconds"]
             .as_f64()

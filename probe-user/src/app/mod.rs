@@ -186,8 +186,8 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
     crate::memory::MemoryReader::new()
         .read_active(&mut interval, |path| collector.cgroups().dir_of(path));
     let text = if args.json {
-        let document =
-            SnapshotDocument::new(&interval, NodeFacts::read(), &args.probe.endpoint_namer());
+        let node = NodeFacts::read().named(args.probe.node_name.as_deref());
+        let document = SnapshotDocument::new(&interval, node, &args.probe.endpoint_namer());
         serde_json::to_string_pretty(&document).context("encoding the snapshot as JSON")? + "\n"
     } else {
         table::render(&interval, usize::MAX)

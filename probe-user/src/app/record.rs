@@ -25,7 +25,10 @@ use crate::{
     node::NodeFacts,
     recording::{
         FORMAT, RecordingWriter, SCHEMA_VERSION,
-        line::{EndpointLine, ExitOut, HeaderLine, Line, TickContext, TickLine},
+        line::{
+            CLOCK_EVERY_SECONDS, ClockLine, EndpointLine, ExitOut, HeaderLine, Line, TickContext,
+            TickLine,
+        },
     },
 };
 
@@ -58,6 +61,7 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
     ticker.tick().await; // the first tick is immediate
     let mut stopped = Box::pin(stop_signal());
     let mut tick = 0;
+    let mut clock_noted = (Timestamp::now(), crate::clock::ClockQuality::read());
     loop {
         let stop = tokio::select! {
             _ = ticker.tick() => false,
@@ -70,6 +74,7 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
         let exits = watcher.poll();
         let mut lines = encode_tick(tick, &previous, &current, &watcher, &selection, &namer)?;
         encode_exits(&mut lines, &exits)?;
+        note_clock(&mut lines, &mut clock_noted)?;
         writer.write_tick(&lines)?;
         previous = current;
         if stop {
@@ -83,13 +88,41 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
     }
 }
 
+/// Adds a clock line when the last was [`CLOCK_EVERY_SECONDS`] ago or the clock gained or
+/// lost synchronisation since.
+fn note_clock(
+    lines: &mut Vec<u8>,
+    noted: &mut (Timestamp, Option<crate::clock::ClockQuality>),
+) -> anyhow::Result<()> {
+    let now = Timestamp::now();
+    let Some(clock) = crate::clock::ClockQuality::read() else {
+        return Ok(());
+    };
+    let due = now.monotonic_ns.saturating_sub(noted.0.monotonic_ns)
+        >= CLOCK_EVERY_SECONDS * 1_000_000_000;
+    let changed = noted
+        .1
+        .is_none_or(|before| before.synchronized != clock.synchronized);
+    if due || changed {
+        let line = Line::Clock(Box::new(ClockLine {
+            schema_version: SCHEMA_VERSION,
+            at: now.into(),
+            clock,
+        }));
+        serde_json::to_writer(&mut *lines, &line).context("encoding a clock line")?;
+        lines.push(b'\n');
+        *noted = (now, Some(clock));
+    }
+    Ok(())
+}
+
 /// The header of this run.
 fn header(args: &RecordArgs, run_started: Timestamp, measured: Measured) -> HeaderLine {
     HeaderLine {
         schema_version: SCHEMA_VERSION,
         format: FORMAT.into(),
         agent_version: env!("CARGO_PKG_VERSION").into(),
-        node: NodeFacts::read(),
+        node: NodeFacts::read().named(args.probe.node_name.as_deref()),
         started: run_started.into(),
         run_started: run_started.into(),
         part: 0,

@@ -107,7 +107,8 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
             if new_run {
                 text += &format!(
                     "a new run started at {} on {}\n\n",
-                    segment.header.run_started.time, segment.header.node.hostname
+                    segment.header.run_started.time,
+                    segment.header.node.display_name()
                 );
             }
             text += &format!(

@@ -57,6 +57,10 @@ pub async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         args.interval,
         args.exit_grace,
     );
+    collection.node = collection
+        .node
+        .clone()
+        .named(args.probe.node_name.as_deref());
     collection.endpoint_labels = EndpointLabels {
         namer: args.probe.endpoint_namer(),
         raw_addresses: args.endpoint_addresses,
@@ -165,6 +169,7 @@ struct Collection {
     drops: Vec<(String, u64)>,
     collection_duration_seconds: f64,
     endpoint_labels: EndpointLabels,
+    node: crate::node::NodeFacts,
 }
 
 impl Collection {
@@ -178,6 +183,7 @@ impl Collection {
             drops: Vec::new(),
             collection_duration_seconds: 0.0,
             endpoint_labels: EndpointLabels::default(),
+            node: crate::node::NodeFacts::read(),
         }
     }
 
@@ -233,6 +239,8 @@ impl Collection {
             worker_exits: self.series.exits,
             drops: self.drops.clone(),
             endpoint_labels: self.endpoint_labels.clone(),
+            node: Some(self.node.clone()),
+            clock: crate::clock::ClockQuality::read(),
             agent: AgentCost {
                 cpu_seconds: agent_cpu_seconds(),
                 resident_memory_bytes: fs::read_to_string("/proc/self/status")

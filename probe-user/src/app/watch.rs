@@ -233,7 +233,7 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
         let header = serde_json::json!({
             "type": "header",
             "schema_version": SCHEMA_VERSION,
-            "node": NodeFacts::read(),
+            "node": NodeFacts::read().named(args.probe.node_name.as_deref()),
             "started": Timestamp::now().rfc3339(),
         });
         writeln!(stdout, "{header}").context("writing to stdout")?;

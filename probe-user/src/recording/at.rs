@@ -222,6 +222,7 @@ mod tests {
             .expect("header"),
             ticks: Vec::new(),
             exits: Vec::new(),
+            clocks: Vec::new(),
         };
         let ticks = [tick(100, 101), tick(101, 102), tick(105, 106)];
         let list: Vec<(&Segment, &Tick)> = ticks.iter().map(|t| (&segment, t)).collect();

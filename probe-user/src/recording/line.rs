@@ -75,10 +75,28 @@ pub enum Line {
     Tick(Box<TickLine>),
     /// One worker that ended.
     Exit(Box<ExitLine>),
+    /// The wall clock's quality, as the kernel saw it then.
+    Clock(Box<ClockLine>),
     /// A type this reader does not know (a newer writer's); only ever read, never written.
     #[serde(other)]
     Unknown,
 }
+
+/// How good the node's wall clock was at a moment: written every
+/// [`CLOCK_EVERY_SECONDS`] and whenever it gains or loses synchronisation, so a reader of
+/// several nodes' recordings knows how far apart their timestamps may be.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClockLine {
+    /// Version of the layout.
+    pub schema_version: u32,
+    /// When it was read.
+    pub at: Moment,
+    /// What adjtimex said.
+    pub clock: crate::clock::ClockQuality,
+}
+
+/// How often a recording notes its clock's quality.
+pub const CLOCK_EVERY_SECONDS: u64 = 60;
 
 /// The header: what made the recording, on which node, how.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

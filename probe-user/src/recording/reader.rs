@@ -12,7 +12,9 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::line::{ExitLine, FORMAT, HeaderLine, Line, Moment, SCHEMA_VERSION, TickLine};
+use super::line::{
+    ClockLine, ExitLine, FORMAT, HeaderLine, Line, Moment, SCHEMA_VERSION, TickLine,
+};
 use crate::model::{Interval, Measured, Sample, diff};
 
 /// Longest line kept; anything longer is no line a recorder writes (a foreign or damaged
@@ -37,6 +39,8 @@ pub struct Segment {
     pub ticks: Vec<Tick>,
     /// Workers that ended, in file order.
     pub exits: Vec<ExitLine>,
+    /// The clock's quality as noted along the way (the header has it at the start).
+    pub clocks: Vec<ClockLine>,
 }
 
 /// The lines of one tick.
@@ -181,6 +185,7 @@ pub fn parse_recording(name: &str, mut reader: impl BufRead) -> anyhow::Result<R
             }
             Some(Line::Tick(tick)) => segment.push_tick(*tick),
             Some(Line::Exit(exit)) => segment.exits.push(*exit),
+            Some(Line::Clock(clock)) => segment.clocks.push(*clock),
             Some(Line::Unknown) | None => recording.skipped_lines += 1,
         }
     }
@@ -207,6 +212,7 @@ impl Segment {
             header,
             ticks: Vec::new(),
             exits: Vec::new(),
+            clocks: Vec::new(),
         }
     }
 
@@ -368,6 +374,26 @@ mod tests {
         let recording = parse(&text).expect("reads");
         assert_eq!(recording.skipped_lines, 5);
         assert_eq!(recording.ticks().count(), 2);
+    }
+
+    #[test]
+    fn clock_lines_are_kept_with_their_segment() {
+        let clock = r#"{"type":"clock","schema_version":3,"at":{"monotonic_ns":2,"wall_unix_ns":2,"time":"1970-01-01T00:00:00.000000002Z"},"clock":{"synchronized":false,"estimated_error_seconds":0.016,"max_error_seconds":16.0}}"#;
+        let text = [
+            HEADER.to_string(),
+            clock.to_string(),
+            tick_line(1, 7, 10, 500_000_000),
+        ]
+        .join("\n");
+        let recording = parse(&text).expect("reads");
+        assert_eq!(recording.skipped_lines, 0);
+        let clocks = &recording.segments[0].clocks;
+        assert_eq!(clocks.len(), 1);
+        assert!(!clocks[0].clock.synchronized);
+        assert_eq!(clocks[0].clock.max_error_seconds, 16.0);
+        // The header's node has no name or clock in a recording made before they were kept.
+        assert_eq!(recording.segments[0].header.node.display_name(), "vm");
+        assert_eq!(recording.segments[0].header.node.clock, None);
     }
 
     #[test]

@@ -142,6 +142,8 @@ impl RecordingWriter {
         if let Some(header) = &mut self.header {
             header.part += 1;
             header.started = Moment::from(Timestamp::now());
+            // Each part's header tells the clock as it is then.
+            header.node.clock = crate::clock::ClockQuality::read();
         }
         self.write_header()
     }
@@ -214,6 +216,8 @@ mod tests {
             format: super::super::line::FORMAT.into(),
             agent_version: "test".into(),
             node: NodeFacts {
+                name: "h".into(),
+                clock: None,
                 hostname: "h".into(),
                 kernel: "k".into(),
                 cpus: 2,

@@ -110,6 +110,10 @@ pub struct Exposition {
     pub agent: AgentCost,
     /// How endpoint series are labelled.
     pub endpoint_labels: EndpointLabels,
+    /// The node: its name (`--node-name`), host name and kernel, for a fleet's dashboards.
+    pub node: Option<crate::node::NodeFacts>,
+    /// The wall clock's quality now, as the kernel sees it.
+    pub clock: Option<crate::clock::ClockQuality>,
 }
 
 /// How endpoint series are labelled: by the `--endpoint` groups, with peers no rule names
@@ -232,6 +236,38 @@ fn encode_exposition(e: &Exposition, encoder: &mut DescriptorEncoder) -> fmt::Re
         "Who each worker is: name, kind and the ids its cgroup path names (join on worker).",
         workers.iter().map(info_labels).collect(),
     )?;
+    if let Some(node) = &e.node {
+        info_family(
+            encoder,
+            "workerprobe_node",
+            "The node this agent runs on: its name (--node-name), host name and kernel.",
+            vec![vec![
+                ("node", Cow::from(node.display_name())),
+                ("hostname", Cow::from(node.hostname.as_str())),
+                ("kernel", Cow::from(node.kernel.as_str())),
+            ]],
+        )?;
+    }
+    if let Some(clock) = e.clock {
+        gauge_family(
+            encoder,
+            "workerprobe_clock_synchronized",
+            "1 while a time service keeps the wall clock synchronised (adjtimex), else 0.",
+            vec![(vec![], u64::from(clock.synchronized))],
+        )?;
+        gauge_family(
+            encoder,
+            "workerprobe_clock_max_error_seconds",
+            "The most the wall clock may be off (adjtimex maxerror).",
+            vec![(vec![], clock.max_error_seconds)],
+        )?;
+        gauge_family(
+            encoder,
+            "workerprobe_clock_estimated_error_seconds",
+            "The time service's estimate of the wall clock's error (adjtimex esterror).",
+            vec![(vec![], clock.estimated_error_seconds)],
+        )?;
+    }
 
     if e.measured.cpu {
         let mut per_cpu = Vec::new();
@@ -735,6 +771,21 @@ mod tests {
         Arc::new(Exposition {
             measured: Measured::default(),
             endpoint_labels: EndpointLabels::default(),
+            node: Some(crate::node::NodeFacts {
+                name: "node-a".into(),
+                hostname: "h1".into(),
+                kernel: "6.18.44".into(),
+                cpus: 2,
+                cpu_model: "m".into(),
+                memory_bytes: 1,
+                boot_time_epoch_secs: 1,
+                clock: None,
+            }),
+            clock: Some(crate::clock::ClockQuality {
+                synchronized: false,
+                estimated_error_seconds: 0.016,
+                max_error_seconds: 16.0,
+            }),
             workers: vec![
                 worker("/system.slice/nginx.service"),
                 worker("/odd \"name\"\\x"),
@@ -1035,6 +1086,27 @@ mod tests {
         );
         assert_eq!(info, 1.0);
         assert_eq!(value(&text, "workerprobe_workers", &[]), 2.0);
+        assert_eq!(
+            value(
+                &text,
+                "workerprobe_node_info",
+                &[
+                    ("node", "node-a"),
+                    ("hostname", "h1"),
+                    ("kernel", "6.18.44")
+                ]
+            ),
+            1.0
+        );
+        assert_eq!(value(&text, "workerprobe_clock_synchronized", &[]), 0.0);
+        assert_eq!(
+            value(&text, "workerprobe_clock_max_error_seconds", &[]),
+            16.0
+        );
+        assert_eq!(
+            value(&text, "workerprobe_clock_estimated_error_seconds", &[]),
+            0.016
+        );
         assert_eq!(value(&text, "workerprobe_worker_exits_total", &[]), 1.0);
         assert_eq!(
             value(

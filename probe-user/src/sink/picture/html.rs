@@ -94,7 +94,7 @@ fn number(value: Option<f64>, format: impl Fn(f64) -> String) -> Cell {
 pub fn render(picture: &Picture, svg: &str) -> String {
     let node = &picture.node;
     let mut page = String::new();
-    let title = format!("workerprobe report: {}", node.hostname);
+    let title = format!("workerprobe report: {}", node.display_name());
     let _ = write!(
         page,
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<h1>{}</h1>\n",
@@ -102,7 +102,9 @@ pub fn render(picture: &Picture, svg: &str) -> String {
         escape_xml(&title)
     );
     let facts = [
+        ("node", node.display_name().to_owned()),
         ("host", node.hostname.clone()),
+        ("wall clock", node.clock_text()),
         ("kernel", node.kernel.clone()),
         ("CPUs", format!("{} ({})", node.cpus, node.cpu_model)),
         ("memory", format_bytes(node.memory_bytes as f64)),

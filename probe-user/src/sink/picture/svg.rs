@@ -263,7 +263,7 @@ fn draw_title(area: &Area, picture: &Picture) -> Drawn {
     area.draw_text(
         &format!(
             "workerprobe recording of {}: {} workers",
-            node.hostname,
+            node.display_name(),
             picture.workers.len()
         ),
         &bold,

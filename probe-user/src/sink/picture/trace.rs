@@ -35,7 +35,7 @@ pub fn render(picture: &Picture) -> Value {
             "process_name",
             NODE_PID,
             0,
-            json!({"name": format!("workerprobe node {}", picture.node.hostname)}),
+            json!({"name": format!("workerprobe node {}", picture.node.display_name())}),
         ),
         meta("process_sort_index", NODE_PID, 0, json!({"sort_index": 0})),
     ];
@@ -97,7 +97,9 @@ pub fn render(picture: &Picture) -> Value {
         "displayTimeUnit": "ms",
         "otherData": {
             "source": "workerprobe trace",
+            "node": node.display_name(),
             "hostname": node.hostname,
+            "clock": node.clock,
             "kernel": node.kernel,
             "cpus": node.cpus,
             "time_zero": picture.origin_time,
