@@ -44,7 +44,10 @@ fn read_lines(path: &Path) -> Vec<serde_json::Value> {
             let value: serde_json::Value = serde_json::from_str(line)
                 .unwrap_or_else(|err| panic!("line {} is not JSON ({err}): {line:?}", number + 1));
             assert!(
-                matches!(value["type"].as_str(), Some("header" | "tick" | "exit")),
+                matches!(
+                    value["type"].as_str(),
+                    Some("header" | "tick" | "exit" | "clock")
+                ),
                 "line {} has no known type: {line}",
                 number + 1
             );
@@ -71,7 +74,7 @@ fn a_recording_killed_mid_run_holds_only_whole_lines() {
     require_root();
     let mount = cgroup::find_cgroup2_mount().expect("cgroup2");
     let out = temp_file("killed.jsonl");
-    let agent = start_record(&out, &["--interval", "200ms"]);
+    let agent = start_record(&out, &["--interval", "200ms", "--node-name", "node-k"]);
     // A long worker busy throughout, and short ones made and removed, for exit lines.
     let busy = TestCgroup::new("rec-busy");
     let mut spin = busy.spawn_workload(&["spin", "5000", "1"]);
@@ -101,6 +104,18 @@ fn a_recording_killed_mid_run_holds_only_whole_lines() {
     let lines = read_lines(&out);
     assert_eq!(lines[0]["type"], "header");
     assert_eq!(lines[0]["format"], "workerprobe-recording");
+    // The node as named, and its clock as the kernel sees it (adjtimex read here too).
+    assert_eq!(lines[0]["node"]["name"], "node-k");
+    // SAFETY: a zeroed timex with modes 0 only reads.
+    let mut timex: libc::timex = unsafe { std::mem::zeroed() };
+    // SAFETY: `timex` is valid and writable.
+    let state = unsafe { libc::adjtimex(&mut timex) };
+    let synchronized = state != libc::TIME_ERROR && timex.status & libc::STA_UNSYNC == 0;
+    assert_eq!(
+        lines[0]["node"]["clock"]["synchronized"], synchronized,
+        "{}",
+        lines[0]
+    );
     let ticks = lines.iter().filter(|line| line["type"] == "tick").count();
     let exits = lines.iter().filter(|line| line["type"] == "exit").count();
     assert!(ticks > 0 && exits > 0, "{ticks} ticks and {exits} exits");
