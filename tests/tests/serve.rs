@@ -1,6 +1,7 @@
-//! `workerprobe serve` end to end: a real Prometheus scraping the agent, `promtool check
-//! metrics` on its exposition, a burst of requests while workers run, exited workers' grace
-//! period, and the error sentences of bad flags.
+//! `workerprobe serve` end to end: a real Prometheus scraping the agent, the shipped Grafana
+//! dashboard's every query asked of it, `promtool check metrics` on its exposition, a burst
+//! of requests while workers run, exited workers' grace period, and the error sentences of
+//! bad flags.
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
@@ -267,6 +268,27 @@ impl Prometheus {
         assert!(result.len() <= 1, "{query} gave several series: {json}");
         let value = result.first()?["value"][1].as_str().expect("sample value");
         Some(value.parse().expect("a number"))
+    }
+}
+
+impl Prometheus {
+    /// Every series an instant query gives: its labels and value.
+    fn query_all(&self, query: &str) -> Vec<(serde_json::Value, f64)> {
+        let path = format!("/api/v1/query?query={}", url_encode(query));
+        let response = http_get(self.addr, &path, None);
+        assert_eq!(response.status, 200, "{query}: {response:?}");
+        let json: serde_json::Value = serde_json::from_str(&response.body)
+            .unwrap_or_else(|err| panic!("{query}: {err} in {}", response.body));
+        assert_eq!(json["status"], "success", "{query}: {json}");
+        json["data"]["result"]
+            .as_array()
+            .expect("result vector")
+            .iter()
+            .map(|series| {
+                let value = series["value"][1].as_str().expect("sample value");
+                (series["metric"].clone(), value.parse().expect("a number"))
+            })
+            .collect()
     }
 }
 
@@ -706,4 +728,139 @@ fn an_address_in_use_is_one_sentence_and_exit_1() {
     assert!(stderr.contains(&addr), "{stderr}");
     assert!(stderr.contains("--listen"), "{stderr}");
     assert!(stderr.contains("another program is using"), "{stderr}");
+}
+
+/// The dashboard shipped for fleets (deploy/grafana/workerprobe.json).
+fn dashboard() -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/workerprobe.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|err| panic!("read {}: {err}", path.display()));
+    serde_json::from_str(&text).expect("the dashboard is JSON")
+}
+
+/// A dashboard expression with Grafana's variables filled in as it would for this node and
+/// these workers over the last `range`.
+fn filled(expr: &str, node: &str, workers: &str, range: &str) -> String {
+    expr.replace("$node", node)
+        .replace("$worker", workers)
+        .replace("$__rate_interval", "4s")
+        .replace("$__range", range)
+}
+
+#[test]
+fn every_dashboard_query_answers_from_a_real_prometheus() {
+    let agent = Agent::start(&["--interval", "500ms", "--node-name", "node-dash"]);
+    let prometheus = Prometheus::start(agent.addr);
+    let worker = TestCgroup::new("dash");
+    let receiver = TestCgroup::new("dash-recv");
+    let label = worker_label(&worker);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    while prometheus.query("up{job=\"workerprobe\"}") != Some(1.0) {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never scraped the agent"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // Work of every kind the panels show: memory held throughout (its series lasts while a
+    // process is there; beside the worker, as holding costs a little CPU all along), CPU,
+    // sleep, and bytes to a peer.
+    let holder = TestCgroup::new("dash-mem");
+    let mut hold = holder.spawn_workload(&["hold", "16", "120000"]);
+    let spin = worker.spawn_workload(&["spin", "1500", "1"]);
+    assert!(spin.wait_with_output().expect("wait").status.success());
+    let mut recv = receiver.spawn_workload(&["recv", "tcp", "127.0.0.1:0", "0"]);
+    let addr = read_first_json_line(&mut recv)["addr"]
+        .as_str()
+        .expect("receiver address")
+        .to_string();
+    let send = worker.spawn_workload(&["send", "tcp", &addr, "3000000", "4096,65536,1000"]);
+    let _ = wait_json(send);
+    let _ = wait_json(recv);
+    let kernel_seconds = worker.cpu_stat().usage_usec as f64 / 1e6;
+    let raw = format!("sum(workerprobe_cpu_seconds_total{{worker=\"{label}\"}})");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while prometheus
+        .query(&raw)
+        .is_none_or(|cpu| (cpu - kernel_seconds).abs() > 0.02 * kernel_seconds)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never caught up: {:?} against cpu.stat's {kernel_seconds}s",
+            prometheus.query(&raw)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Rates need two samples inside their window after the work.
+    std::thread::sleep(Duration::from_secs(3));
+
+    let dashboard = dashboard();
+    let workers = format!("{label}.*"); // the worker, its receiver and the holder
+    // The range covers the whole test, and not more than Prometheus has.
+    let range = format!("{}s", started.elapsed().as_secs() + 5);
+    // The variables: node lists this agent's name, worker lists the test's workers.
+    for variable in dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables")
+    {
+        let Some(definition) = variable["definition"].as_str() else {
+            continue;
+        };
+        let (expr, label_name) = definition
+            .strip_prefix("label_values(")
+            .and_then(|rest| rest.strip_suffix(')'))
+            .and_then(|inner| inner.rsplit_once(", "))
+            .unwrap_or_else(|| panic!("unexpected variable query {definition}"));
+        let values: Vec<String> = prometheus
+            .query_all(&filled(expr, "node-dash", &workers, &range))
+            .iter()
+            .filter_map(|(labels, _)| labels[label_name].as_str().map(str::to_owned))
+            .collect();
+        let expected = if label_name == "node" {
+            "node-dash"
+        } else {
+            label.as_str()
+        };
+        assert!(
+            values.iter().any(|value| value == expected),
+            "variable {label_name} ({definition}) offers {values:?}, not {expected}"
+        );
+    }
+    // Every panel's query gives data for this node.
+    let mut cpu_in_range = None;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        let title = panel["title"].as_str().expect("title");
+        for target in panel["targets"].as_array().expect("targets") {
+            let query = filled(
+                target["expr"].as_str().expect("expr"),
+                "node-dash",
+                &workers,
+                &range,
+            );
+            let series = prometheus.query_all(&query);
+            assert!(!series.is_empty(), "panel {title:?} has no data: {query}");
+            assert!(
+                series
+                    .iter()
+                    .all(|(labels, _)| labels["node"] == "node-dash"),
+                "panel {title:?} has series of another node: {series:?}"
+            );
+            if title == "CPU seconds in the range" {
+                cpu_in_range = series
+                    .iter()
+                    .find(|(labels, _)| labels["worker"] == label.as_str())
+                    .map(|(_, value)| *value);
+            }
+        }
+    }
+    let _ = hold.kill();
+    let _ = hold.wait();
+    // The CPU panel tells the worker's CPU as its cgroup counted it.
+    let cpu = cpu_in_range.expect("the CPU panel shows the worker");
+    eprintln!("dashboard: CPU in range {cpu:.6}s, cpu.stat {kernel_seconds:.6}s");
+    assert!(
+        (cpu - kernel_seconds).abs() <= 0.02 * kernel_seconds,
+        "the CPU panel says {cpu}s, cpu.stat {kernel_seconds}s"
+    );
 }
