@@ -198,6 +198,10 @@ const CASES: &[(&[&str], &str)] = &[
     (&["top", "--workers", "[a"], "--workers"),
     (&["snapshot", "--workers", "a{b"], "--workers"),
     (&["snapshot", "--worker", "a{b"], "--workers"),
+    (&["snapshot", "--workers", "container:"], "--workers"),
+    (&["watch", "--workers", "pod:[x"], "--workers"),
+    (&["snapshot", "--node-name", "a b"], "--node-name"),
+    (&["serve", "--node-name", ""], "--node-name"),
     (&["replay", "rec.jsonl", "--worker", "[a"], "--workers"),
     (&["replay", "rec.jsonl", "--workers", "[a"], "--workers"),
     (
