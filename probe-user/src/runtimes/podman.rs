@@ -68,7 +68,10 @@ impl Podman {
         match containers_dir(graph_root) {
             Some(dir) => {
                 let file = dir.join(CONTAINERS_FILE);
-                if let Err(reason) = refresh(&known, &file) {
+                // Only a list the agent may not read is worth a word; any other failure (a
+                // list being rewritten, a stale handle on a shared file system) is read
+                // again by the thread.
+                if let Err(ReadError::Denied(reason)) = refresh(&known, &file) {
                     crate::say!(
                         "workerprobe: podman containers are named by id only: {} cannot be read ({reason})",
                         file.display()
@@ -143,8 +146,11 @@ fn watch(dir: &Path, known: &Mutex<Known>) {
             return;
         }
     };
-    // A change between the first read and the watch would otherwise wait for the next one.
-    let _ = refresh(known, &file);
+    // A change between the first read and the watch would otherwise wait for the next one;
+    // a list that could not be read yet is tried again until it can.
+    while refresh(known, &file).is_err() {
+        std::thread::sleep(STORAGE_POLL);
+    }
     let mut buffer = [0u8; 4096];
     while let Ok(events) = inotify.read_events_blocking(&mut buffer) {
         let touched = events
@@ -173,11 +179,28 @@ fn containers_dir(graph_root: &Path) -> Option<PathBuf> {
     dirs.into_iter().next()
 }
 
+/// Why the list was not read.
+enum ReadError {
+    /// The agent may not read it: said once, as podman's names are then out of reach.
+    Denied(String),
+    /// Anything else, passing: read again later.
+    Other,
+}
+
 /// Reads the file again; containers no longer listed stay known, up to [`MAX_REMOVED`].
-fn refresh(known: &Mutex<Known>, file: &Path) -> Result<(), String> {
-    let text = fs::read_to_string(file).map_err(|error| error.to_string())?;
-    let listed = parse_containers(&text)?;
-    let mut guard = known.lock().map_err(|_| "a reader panicked".to_owned())?;
+fn refresh(known: &Mutex<Known>, file: &Path) -> Result<(), ReadError> {
+    let read = || fs::read_to_string(file);
+    // A stale handle (a file replaced under a network or shared file system) opens afresh.
+    let text = match read() {
+        Err(error) if error.raw_os_error() == Some(libc::ESTALE) => read(),
+        other => other,
+    }
+    .map_err(|error| match error.kind() {
+        std::io::ErrorKind::PermissionDenied => ReadError::Denied(error.to_string()),
+        _ => ReadError::Other,
+    })?;
+    let listed = parse_containers(&text).map_err(|_| ReadError::Other)?;
+    let mut guard = known.lock().map_err(|_| ReadError::Other)?;
     let known = &mut *guard;
     let listed_ids: std::collections::HashSet<&str> =
         listed.iter().map(|info| info.id.as_str()).collect();
@@ -307,9 +330,9 @@ mod tests {
         let file = dir.join(CONTAINERS_FILE);
         let known = Mutex::new(Known::default());
         fs::write(&file, RECORDED).expect("writes");
-        refresh(&known, &file).expect("reads");
+        assert!(refresh(&known, &file).is_ok(), "reads");
         fs::write(&file, "[]").expect("writes");
-        refresh(&known, &file).expect("reads");
+        assert!(refresh(&known, &file).is_ok(), "reads");
         let known = known.lock().expect("not poisoned");
         assert_eq!(known.by_id.len(), 1);
         assert_eq!(known.removed.len(), 1);
