@@ -25,7 +25,8 @@
 //!   thread waits in turn on a timer (0.5 s nanosleep), the network (recv from PEER, which
 //!   answers when it likes), a lock (held 0.4 s by a spinning thread), a child (spinning
 //!   0.3 s), an empty pipe (written after 0.3 s by a spinning thread) and fsync in SCRATCH;
-//!   the helpers never sleep. Prints what each wait took by its own clock:
+//!   the helpers never sleep. Prints what each wait took by its own clock, less the time the
+//!   thread spent waiting for a CPU meanwhile (its schedstat run_delay):
 //!   `{"timer_ns","network_ns","lock_ns","child_ns","pipe_ns","disk_ns"}`.
 //! - `fetch STORE REQUESTS BYTES PEER UPLOAD`: REQUESTS times asks STORE for BYTES (`GET n`
 //!   line, one connection each), then sends UPLOAD bytes to PEER and reads its `ok`. Prints
@@ -113,10 +114,15 @@ fn spin_wall(duration: Duration) {
 fn reasons(scratch: &str, peer: &str) {
     let mut peer = TcpStream::connect(peer).expect("connect to the peer");
     wait_for_go();
+    // Each wait by the thread's own clock, less the time it then waited for a CPU (the
+    // kernel's run_delay): that is run-queue wait, not sleep, and emulated or loaded machines
+    // add tens of ms of it after each wakeup.
     let timed = |work: &mut dyn FnMut()| {
+        let queued_before = own_run_delay_ns();
         let at = std::time::Instant::now();
         work();
-        at.elapsed().as_nanos() as u64
+        let took = at.elapsed().as_nanos() as u64;
+        took.saturating_sub(own_run_delay_ns().saturating_sub(queued_before))
     };
     let timer_ns = timed(&mut || std::thread::sleep(Duration::from_millis(500)));
     // The peer answers after half a second.
