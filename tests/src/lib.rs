@@ -242,6 +242,16 @@ pub fn wait_for_cpu(cgroup: &TestCgroup, from_usec: u64, at_least_ns: u64, limit
     }
 }
 
+/// Whether the kernel holds the wall clock synchronised (adjtimex: not `TIME_ERROR`, and
+/// `STA_UNSYNC` clear), read here so the agent's report can be checked against it.
+pub fn kernel_clock_synchronized() -> bool {
+    // SAFETY: a zeroed timex with modes 0 only reads.
+    let mut timex: libc::timex = unsafe { std::mem::zeroed() };
+    // SAFETY: `timex` is valid and writable.
+    let state = unsafe { libc::adjtimex(&mut timex) };
+    state != libc::TIME_ERROR && timex.status & libc::STA_UNSYNC == 0
+}
+
 /// A fresh path in the temp directory, unique to this test process.
 pub fn temp_path(test: &str, name: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("wp-{test}-{}-{name}", std::process::id()));

@@ -43,11 +43,7 @@ fn snapshot_json_reports_a_worker_cpu_and_bytes() {
     assert_eq!(document["schema_version"], 3);
     // The node as named, and its clock as the kernel sees it (adjtimex read here too).
     assert_eq!(document["node"]["name"], "node-a");
-    // SAFETY: a zeroed timex with modes 0 only reads.
-    let mut timex: libc::timex = unsafe { std::mem::zeroed() };
-    // SAFETY: `timex` is valid and writable.
-    let state = unsafe { libc::adjtimex(&mut timex) };
-    let synchronized = state != libc::TIME_ERROR && timex.status & libc::STA_UNSYNC == 0;
+    let synchronized = workerprobe_tests::kernel_clock_synchronized();
     let clock = &document["node"]["clock"];
     assert_eq!(clock["synchronized"], synchronized, "{clock}");
     assert!(

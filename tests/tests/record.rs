@@ -106,11 +106,7 @@ fn a_recording_killed_mid_run_holds_only_whole_lines() {
     assert_eq!(lines[0]["format"], "workerprobe-recording");
     // The node as named, and its clock as the kernel sees it (adjtimex read here too).
     assert_eq!(lines[0]["node"]["name"], "node-k");
-    // SAFETY: a zeroed timex with modes 0 only reads.
-    let mut timex: libc::timex = unsafe { std::mem::zeroed() };
-    // SAFETY: `timex` is valid and writable.
-    let state = unsafe { libc::adjtimex(&mut timex) };
-    let synchronized = state != libc::TIME_ERROR && timex.status & libc::STA_UNSYNC == 0;
+    let synchronized = workerprobe_tests::kernel_clock_synchronized();
     assert_eq!(
         lines[0]["node"]["clock"]["synchronized"], synchronized,
         "{}",

@@ -324,6 +324,22 @@ fn exposed(text: &str, name: &str, labels: &str) -> Option<f64> {
     found
 }
 
+/// The known work: `worker` burns 1.5 s of CPU, then sends 3 MB over TCP to a receiver in
+/// `receiver`; returns what the sender counted.
+fn spin_then_send(worker: &TestCgroup, receiver: &TestCgroup) -> serde_json::Value {
+    let spin = worker.spawn_workload(&["spin", "1500", "1"]);
+    assert!(spin.wait_with_output().expect("wait").status.success());
+    let mut recv = receiver.spawn_workload(&["recv", "tcp", "127.0.0.1:0", "0"]);
+    let addr = read_first_json_line(&mut recv)["addr"]
+        .as_str()
+        .expect("receiver address")
+        .to_string();
+    let send = worker.spawn_workload(&["send", "tcp", &addr, "3000000", "4096,65536,1000"]);
+    let sent = wait_json(send);
+    let _ = wait_json(recv);
+    sent
+}
+
 #[test]
 fn prometheus_scrapes_cpu_and_bytes_that_match_the_kernel() {
     let agent = Agent::start(&["--interval", "500ms"]);
@@ -348,16 +364,7 @@ fn prometheus_scrapes_cpu_and_bytes_that_match_the_kernel() {
     let cpu_before = prometheus.query(&cpu_query).unwrap_or(0.0);
     let bytes_before = prometheus.query(&bytes_query).unwrap_or(0.0);
 
-    let spin = worker.spawn_workload(&["spin", "1500", "1"]);
-    assert!(spin.wait_with_output().expect("wait").status.success());
-    let mut recv = receiver.spawn_workload(&["recv", "tcp", "127.0.0.1:0", "0"]);
-    let addr = read_first_json_line(&mut recv)["addr"]
-        .as_str()
-        .expect("receiver address")
-        .to_string();
-    let send = worker.spawn_workload(&["send", "tcp", &addr, "3000000", "4096,65536,1000"]);
-    let sent = wait_json(send);
-    let _ = wait_json(recv);
+    let sent = spin_then_send(&worker, &receiver);
     let sent_bytes = field(&sent, "sent_bytes");
     let kernel_seconds = worker.cpu_stat().usage_usec as f64 / 1e6;
 
@@ -601,7 +608,16 @@ fn a_burst_of_requests_is_answered_while_workers_run() {
 
 #[test]
 fn an_exited_worker_stays_for_the_grace_period_then_goes() {
-    let agent = Agent::start(&["--interval", "200ms", "--exit-grace", "3s"]);
+    // Only this test's worker: the exits counter counts every selected worker, and other
+    // tests' workers exit meanwhile.
+    let agent = Agent::start(&[
+        "--interval",
+        "200ms",
+        "--exit-grace",
+        "3s",
+        "--workers",
+        "*-serve-exit",
+    ]);
     let exits_before =
         exposed(&agent.metrics(), "workerprobe_worker_exits_total", "").expect("exits counter");
     let worker = TestCgroup::new("serve-exit");
@@ -768,16 +784,7 @@ fn every_dashboard_query_answers_from_a_real_prometheus() {
     // sleep, and bytes to a peer.
     let holder = TestCgroup::new("dash-mem");
     let mut hold = holder.spawn_workload(&["hold", "16", "120000"]);
-    let spin = worker.spawn_workload(&["spin", "1500", "1"]);
-    assert!(spin.wait_with_output().expect("wait").status.success());
-    let mut recv = receiver.spawn_workload(&["recv", "tcp", "127.0.0.1:0", "0"]);
-    let addr = read_first_json_line(&mut recv)["addr"]
-        .as_str()
-        .expect("receiver address")
-        .to_string();
-    let send = worker.spawn_workload(&["send", "tcp", &addr, "3000000", "4096,65536,1000"]);
-    let _ = wait_json(send);
-    let _ = wait_json(recv);
+    spin_then_send(&worker, &receiver);
     let kernel_seconds = worker.cpu_stat().usage_usec as f64 / 1e6;
     let raw = format!("sum(workerprobe_cpu_seconds_total{{worker=\"{label}\"}})");
     let deadline = Instant::now() + Duration::from_secs(20);
