@@ -195,7 +195,11 @@ fn test(no_vm: bool, extra_args: Vec<OsString>) -> Result<()> {
         println!("==> the kernel matrix in VMs");
         let executables = vm::build_release()?;
         for kernel in &kernels {
-            rows.push(vm::run_in_vm(kernel, &executables)?);
+            rows.push(vm::run_in_vm(
+                kernel,
+                &executables,
+                &vm::chosen_tests(&[])?,
+            )?);
         }
     }
     vm::finish(&rows, false).context("test step `kernel matrix` failed")?;

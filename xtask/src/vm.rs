@@ -31,6 +31,10 @@ pub struct VmArgs {
     /// this run.
     #[arg(long)]
     pub update_docs: bool,
+    /// Run only this test binary of the matrix (as the table names it: `waits`, `net`);
+    /// repeat for several. Default: all. For trying a fix, not for the docs.
+    #[arg(long = "test", value_name = "NAME", conflicts_with = "update_docs")]
+    pub tests: Vec<String>,
 }
 
 /// A kernel of the matrix: a Debian package, the newest of its series in the archive, named
@@ -220,9 +224,10 @@ pub fn vm_test(args: &VmArgs) -> Result<()> {
         cmd::run(cmd::cargo()?.args(["build", "-p", "probe-user"]))?;
         rows.push(run_on_host(&test_executables(false)?, &[])?);
     }
+    let tests = chosen_tests(&args.tests)?;
     let executables = build_release()?;
     for kernel in &kernels {
-        rows.push(run_in_vm(kernel, &executables)?);
+        rows.push(run_in_vm(kernel, &executables, &tests)?);
     }
     finish(&rows, args.update_docs)
 }
@@ -570,7 +575,11 @@ fn output_within(command: &mut Command, limit: Duration) -> Option<String> {
 }
 
 /// Boots `kernel` once and runs every VM test binary inside; returns its row.
-pub fn run_in_vm(kernel: &Kernel, executables: &BTreeMap<String, PathBuf>) -> Result<Row> {
+pub fn run_in_vm(
+    kernel: &Kernel,
+    executables: &BTreeMap<String, PathBuf>,
+    tests: &[&VmTest],
+) -> Result<Row> {
     let started = Instant::now();
     let root = cmd::workspace_root()?;
     let venv_bin = vm_dir()?.join("venv").join("bin");
@@ -590,7 +599,7 @@ pub fn run_in_vm(kernel: &Kernel, executables: &BTreeMap<String, PathBuf>) -> Re
     };
     let agent = cmd::target_dir()?.join("release").join("workerprobe");
     let xtask = running_xtask()?;
-    let script = guest_script(&out, &agent, &xtask, executables)?;
+    let script = guest_script(&out, &agent, &xtask, executables, tests)?;
     let script_path = out.join("guest.sh");
     fs::write(&script_path, script)?;
 
@@ -598,7 +607,7 @@ pub fn run_in_vm(kernel: &Kernel, executables: &BTreeMap<String, PathBuf>) -> Re
         "==> VM {} ({}), {accel}: {} test binaries",
         kernel.spec.name,
         kernel.release,
-        VM_TESTS.len()
+        tests.len()
     );
     let mut boot = vng(&venv_bin, kernel, kvm);
     boot.arg("--memory")
@@ -653,7 +662,7 @@ pub fn run_in_vm(kernel: &Kernel, executables: &BTreeMap<String, PathBuf>) -> Re
         &mut row,
         &fs::read_to_string(out.join("check.json")).unwrap_or_default(),
     );
-    for test in VM_TESTS {
+    for test in tests {
         let file = file_name(test.name);
         if let Ok(reason) = fs::read_to_string(out.join(format!("{file}.na"))) {
             row.results.insert(
@@ -711,6 +720,7 @@ fn guest_script(
     agent: &Path,
     xtask: &Path,
     executables: &BTreeMap<String, PathBuf>,
+    tests: &[&VmTest],
 ) -> Result<String> {
     let out = out.display();
     let mut script = format!(
@@ -731,7 +741,7 @@ progress "booted $(uname -r), cgroup2 at $cg"
 "#,
         agent = agent.display()
     );
-    for test in VM_TESTS {
+    for test in tests {
         let executable = executables
             .get(test.binary)
             .with_context(|| format!("no integration test binary `{}`", test.binary))?;
@@ -778,6 +788,25 @@ progress "done"
         agent = agent.display()
     );
     Ok(script)
+}
+
+/// The matrix's tests named by `--test` (all when none is named).
+pub fn chosen_tests(names: &[String]) -> Result<Vec<&'static VmTest>> {
+    if names.is_empty() {
+        return Ok(VM_TESTS.iter().collect());
+    }
+    names
+        .iter()
+        .map(|name| {
+            VM_TESTS
+                .iter()
+                .find(|test| test.name == name)
+                .with_context(|| {
+                    let known: Vec<_> = VM_TESTS.iter().map(|test| test.name).collect();
+                    format!("no VM test `{name}`: the matrix has {}", known.join(", "))
+                })
+        })
+        .collect()
 }
 
 /// A table name as a file name (`net (fexit forced)` → `net-fexit-forced`).
@@ -919,6 +948,9 @@ mod tests {
         }
         assert_eq!(file_name("net (fexit forced)"), "net-fexit-forced");
         assert!(chosen(&["5.4".into()]).is_err());
+        assert_eq!(chosen_tests(&[]).unwrap().len(), VM_TESTS.len());
+        assert_eq!(chosen_tests(&["waits".into()]).unwrap()[0].binary, "waits");
+        assert!(chosen_tests(&["wait".into()]).is_err());
         let (old, new) = (&MATRIX[0], &MATRIX[1]);
         assert!(old.matches("linux-image-6.1.0-57-cloud-amd64-unsigned"));
         assert!(!old.matches("linux-image-6.12.117+deb12-cloud-amd64-unsigned"));

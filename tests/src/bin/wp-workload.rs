@@ -26,7 +26,7 @@
 //!   answers when it likes), a lock (held 0.4 s by a spinning thread), a child (spinning
 //!   0.3 s), an empty pipe (written after 0.3 s by a spinning thread) and fsync in SCRATCH;
 //!   the helpers never sleep. Prints what each wait took by its own clock, less the time the
-//!   thread spent waiting for a CPU meanwhile (its schedstat run_delay):
+//!   thread meanwhile ran or waited for a CPU (its schedstat), i.e. the time it was asleep:
 //!   `{"timer_ns","network_ns","lock_ns","child_ns","pipe_ns","disk_ns"}`.
 //! - `fetch STORE REQUESTS BYTES PEER UPLOAD`: REQUESTS times asks STORE for BYTES (`GET n`
 //!   line, one connection each), then sends UPLOAD bytes to PEER and reads its `ok`. Prints
@@ -114,15 +114,17 @@ fn spin_wall(duration: Duration) {
 fn reasons(scratch: &str, peer: &str) {
     let mut peer = TcpStream::connect(peer).expect("connect to the peer");
     wait_for_go();
-    // Each wait by the thread's own clock, less the time it then waited for a CPU (the
-    // kernel's run_delay): that is run-queue wait, not sleep, and emulated or loaded machines
-    // add tens of ms of it after each wakeup.
+    // Each wait by the thread's own clock, less the time it meanwhile ran (its CPU clock) and
+    // waited for a CPU (the kernel's run_delay): neither is sleep, and emulation makes both
+    // large (after a fork the parent's copy-on-write faults alone ran 11 ms; each wakeup
+    // queues for tens).
     let timed = |work: &mut dyn FnMut()| {
-        let queued_before = own_run_delay_ns();
+        let (ran_before, queued_before) = (thread_cpu_time(), own_run_delay_ns());
         let at = std::time::Instant::now();
         work();
         let took = at.elapsed().as_nanos() as u64;
-        took.saturating_sub(own_run_delay_ns().saturating_sub(queued_before))
+        let ran = (thread_cpu_time() - ran_before).as_nanos() as u64;
+        took.saturating_sub(ran + own_run_delay_ns() - queued_before)
     };
     let timer_ns = timed(&mut || std::thread::sleep(Duration::from_millis(500)));
     // The peer answers after half a second.
@@ -172,16 +174,17 @@ fn reasons(scratch: &str, peer: &str) {
         unsafe { libc::read(read_fd, byte.as_mut_ptr().cast(), 1) };
     });
     let path = std::path::Path::new(scratch).join(format!("wp-reasons-{}", std::process::id()));
-    let mut file = std::fs::File::create(&path).expect("create");
     let block = vec![1u8; 4096];
+    // The file's whole life, since its creation and removal wait on the journal too.
     let disk_ns = timed(&mut || {
+        let mut file = std::fs::File::create(&path).expect("create");
         for _ in 0..50 {
             file.write_all(&block).expect("write");
             file.sync_all().expect("fsync");
         }
+        drop(file);
+        let _ = std::fs::remove_file(&path);
     });
-    drop(file);
-    let _ = std::fs::remove_file(&path);
     println!(
         r#"{{"timer_ns":{timer_ns},"network_ns":{network_ns},"lock_ns":{lock_ns},"child_ns":{child_ns},"pipe_ns":{pipe_ns},"disk_ns":{disk_ns}}}"#
     );
