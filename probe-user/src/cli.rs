@@ -44,6 +44,9 @@ pub enum Command {
     Trace(TraceArgs),
     /// Write one self-contained HTML page: the plots and sortable tables of exit summaries.
     Report(ReportArgs),
+    /// Merge several nodes' recordings into one on one wall-clock timeline, each node's lines
+    /// placed by its own clock and named by its node (for plot, trace, report and replay).
+    Merge(MergeArgs),
     /// Remove a pin set made with --pin DIR: detach its programs, free its maps, remove DIR.
     Unpin(UnpinArgs),
     /// Check this host: load and attach the programs, then print which variant each program
@@ -160,6 +163,18 @@ pub struct PictureArgs {
     /// End at this time, written as for --from.
     #[arg(long, value_name = "T", value_parser = crate::recording::at::parse_time)]
     pub to: Option<crate::recording::at::At>,
+}
+
+/// `workerprobe merge`.
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// Recordings made by `workerprobe record`, one or more per node (a node's rotated parts
+    /// and later runs may be separate files, but no two files may hold one node at once).
+    #[arg(value_parser = parse_recording_file, required = true, num_args = 1..)]
+    pub files: Vec<std::path::PathBuf>,
+    /// The merged recording to write (refused if it is one of the inputs).
+    #[arg(long, value_name = "FILE", value_parser = parse_output_file)]
+    pub out: std::path::PathBuf,
 }
 
 /// `workerprobe plot`.

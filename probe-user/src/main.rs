@@ -52,6 +52,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             Command::Plot(args) => app::plot::plot(args),
             Command::Trace(args) => app::trace::trace(args),
             Command::Report(args) => app::report::report(args),
+            Command::Merge(args) => app::merge::merge(args),
             Command::Unpin(args) => app::unpin::unpin(args),
             Command::Exec(_) | Command::Check(_) => Ok(()),
         }

@@ -472,3 +472,49 @@ fn a_worker_pattern_matching_nothing_in_a_recording_is_bad_input() {
         assert_one_sentence(&output, args, "/nope");
     }
 }
+
+#[test]
+fn merge_refuses_what_it_cannot_merge_with_one_sentence_and_writes_nothing() {
+    let fixture = Fixture::new("merge-refusals");
+    std::fs::write(fixture.dir.join("notes.txt"), "hello\n").expect("write");
+    // The same node (this header's host, no --node-name) in two files at once.
+    std::fs::copy(
+        fixture.dir.join("rec.jsonl"),
+        fixture.dir.join("again.jsonl"),
+    )
+    .expect("copy");
+    for (args, expected) in [
+        (
+            &["merge", "rec.jsonl", "notes.txt", "--out", "m.jsonl"][..],
+            "notes.txt is not a workerprobe recording",
+        ),
+        (
+            &["merge", "rec.jsonl", "again.jsonl", "--out", "m.jsonl"],
+            "rec.jsonl and again.jsonl both hold node `vm` at the same time",
+        ),
+        (
+            &["merge", "rec.jsonl", "./rec.jsonl", "--out", "m.jsonl"],
+            "./rec.jsonl is given twice",
+        ),
+        (
+            &["merge", "rec.jsonl", "again.jsonl", "--out", "again.jsonl"],
+            "--out again.jsonl is one of the recordings to merge",
+        ),
+    ] {
+        let output = run_in(&fixture.dir, args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        assert_one_sentence(&output, args, expected);
+        assert!(
+            !fixture.dir.join("m.jsonl").exists(),
+            "{args:?} left a file"
+        );
+        let leftovers: Vec<_> = std::fs::read_dir(&fixture.dir)
+            .expect("list")
+            .filter_map(|entry| entry.ok())
+            .filter(|entry| entry.file_name().to_string_lossy().contains(".partial-"))
+            .collect();
+        assert!(leftovers.is_empty(), "{args:?} left {leftovers:?}");
+    }
+    let args = ["merge", "--out", "m.jsonl"];
+    assert_refused(&run_in(&fixture.dir, &args), &args, "<FILES>");
+}

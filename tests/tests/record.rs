@@ -369,3 +369,249 @@ fn a_corrupt_line_is_skipped_and_counted() {
     assert!(String::from_utf8_lossy(&output.stdout).contains("workers active:"));
     let _ = std::fs::remove_file(&out);
 }
+
+/// Each line's moment on the merged timeline: its monotonic moment through its node's
+/// latest run offset (wall − monotonic at the run's start), as `merge` places it.
+fn timeline_ns(lines: &[serde_json::Value]) -> Vec<(String, String, i128)> {
+    let mut offsets = std::collections::HashMap::new();
+    let ns = |value: &serde_json::Value| i128::from(value.as_u64().expect("ns"));
+    lines
+        .iter()
+        .map(|line| {
+            let kind = line["type"].as_str().expect("type").to_owned();
+            if kind == "header" {
+                let node = line["node"]["name"].as_str().expect("name").to_owned();
+                let run = &line["run_started"];
+                let offset = ns(&run["wall_unix_ns"]) - ns(&run["monotonic_ns"]);
+                offsets.insert(node.clone(), offset);
+                return (kind, node, ns(&line["started"]["monotonic_ns"]) + offset);
+            }
+            let node = line["node"]
+                .as_str()
+                .expect("every merged line names its node");
+            let moment = if kind == "clock" { "at" } else { "end" };
+            let at = ns(&line[moment]["monotonic_ns"]) + offsets[node];
+            (kind, node.to_owned(), at)
+        })
+        .collect()
+}
+
+#[test]
+fn two_nodes_recordings_merge_into_one_timeline_with_each_nodes_workers_and_clock() {
+    require_root();
+    let pid = std::process::id();
+    let (a_busy, a_short) = (
+        TestCgroup::new("mrg-a-busy"),
+        TestCgroup::new("mrg-a-short"),
+    );
+    let b_busy = TestCgroup::new("mrg-b-busy");
+    let (a_out, b_out, fleet) = (
+        temp_file("node-a.jsonl"),
+        temp_file("node-b.jsonl"),
+        temp_file("fleet.jsonl"),
+    );
+    // Two agents on this machine, each the agent of one "node" and its workers.
+    let agent_a = start_record(
+        &a_out,
+        &[
+            "--node-name",
+            "node-a",
+            "--interval",
+            "200ms",
+            "--workers",
+            &format!("*workerprobe-test-{pid}-mrg-a-*"),
+        ],
+    );
+    let agent_b = start_record(
+        &b_out,
+        &[
+            "--node-name",
+            "node-b",
+            "--interval",
+            "300ms",
+            "--workers",
+            &format!("*workerprobe-test-{pid}-mrg-b-*"),
+        ],
+    );
+    let spins = [
+        a_busy.spawn_workload(&["spin", "600", "1"]),
+        b_busy.spawn_workload(&["spin", "400", "2"]),
+        a_short.spawn_workload(&["spin", "50", "1"]),
+    ];
+    for spin in spins {
+        assert!(spin.wait_with_output().expect("wait").status.success());
+    }
+    let usage_s = |cgroup: &TestCgroup| cgroup.cpu_stat().usage_usec as f64 / 1e6;
+    let cpu_stat_s = [usage_s(&a_busy), usage_s(&b_busy), usage_s(&a_short)];
+    let short_id = a_short.id;
+    drop(a_short); // its cgroup goes: an exit line on node-a
+    std::thread::sleep(Duration::from_millis(700));
+    for agent in [agent_a, agent_b] {
+        signal(&agent, libc::SIGINT);
+        let mut agent = agent;
+        assert!(agent.wait().expect("wait").success(), "record failed");
+    }
+    // node-b's clock as a node without time service would report it.
+    let mut b_lines = read_lines(&b_out);
+    b_lines[0]["node"]["clock"] = serde_json::json!(
+        {"synchronized": false, "estimated_error_seconds": 0.0, "max_error_seconds": 16.0}
+    );
+    let b_text: String = b_lines.iter().map(|line| format!("{line}\n")).collect();
+    std::fs::write(&b_out, b_text).expect("rewrite node-b's header");
+
+    let merge = Command::new(workerprobe_path())
+        .args([
+            "merge",
+            a_out.to_str().expect("utf-8"),
+            b_out.to_str().expect("utf-8"),
+        ])
+        .arg("--out")
+        .arg(&fleet)
+        .output()
+        .expect("run workerprobe merge");
+    assert!(merge.status.success(), "{}", stderr_of(&merge));
+    assert!(
+        stderr_of(&merge).contains("of 2 nodes (node-a, node-b)"),
+        "{}",
+        stderr_of(&merge)
+    );
+    let (a_lines, merged) = (read_lines(&a_out), read_lines(&fleet));
+    assert_eq!(
+        merged.len(),
+        a_lines.len() + b_lines.len(),
+        "a line lost or added"
+    );
+    // Ticks, headers and clock readings ordered on one timeline (an exit line comes when
+    // its node wrote it, a little after its worker ended), and each node's own lines in
+    // their own order.
+    let placed: Vec<_> = timeline_ns(&merged)
+        .into_iter()
+        .filter(|(kind, _, _)| kind != "exit")
+        .collect();
+    for pair in placed.windows(2) {
+        assert!(
+            pair[0].2 <= pair[1].2,
+            "out of order: {:?} then {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    for (node, own) in [("node-a", &a_lines), ("node-b", &b_lines)] {
+        let ours: Vec<&serde_json::Value> = merged
+            .iter()
+            .filter(|line| line["node"] == node || line["node"]["name"] == node)
+            .collect();
+        let theirs: Vec<&serde_json::Value> = own.iter().collect();
+        let strip = |line: &serde_json::Value| {
+            let mut line = line.clone();
+            if line["type"] != "header" {
+                line.as_object_mut().expect("object").remove("node");
+            }
+            line
+        };
+        assert_eq!(
+            ours.iter().map(|line| strip(line)).collect::<Vec<_>>(),
+            theirs.iter().map(|line| strip(line)).collect::<Vec<_>>(),
+            "{node}'s lines are not its recording's"
+        );
+    }
+
+    // The trace: a process per node, every worker once under its node, its CPU the
+    // kernel's (cpu.stat) and its recording's last total.
+    let trace_path = temp_file("fleet.json");
+    let trace = Command::new(workerprobe_path())
+        .args(["trace", fleet.to_str().expect("utf-8"), "--out"])
+        .arg(&trace_path)
+        .output()
+        .expect("run workerprobe trace");
+    assert!(trace.status.success(), "{}", stderr_of(&trace));
+    let document: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace_path).expect("trace")).expect("json");
+    let events = document["traceEvents"].as_array().expect("events");
+    let process = |name: &str| {
+        events
+            .iter()
+            .find(|event| {
+                event["name"] == "process_name"
+                    && event["args"]["name"]
+                        .as_str()
+                        .is_some_and(|text| text.starts_with(name))
+            })
+            .unwrap_or_else(|| panic!("no process {name}"))["pid"]
+            .clone()
+    };
+    let (a_pid, b_pid) = (
+        process("workerprobe node node-a"),
+        process("workerprobe node node-b"),
+    );
+    assert_ne!(a_pid, b_pid);
+    let last_total_s = |lines: &[serde_json::Value], id: u64| {
+        lines
+            .iter()
+            .rev()
+            .find(|line| line["type"] == "tick" && line["cgroup_id"] == id)
+            .map(|line| line["totals"]["on_cpu_ns"].as_u64().expect("ns") as f64 / 1e9)
+    };
+    for (index, (cgroup_id, pid_of_node, lines)) in [
+        (a_busy.id, &a_pid, &a_lines),
+        (b_busy.id, &b_pid, &b_lines),
+        (short_id, &a_pid, &a_lines),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let spans: Vec<&serde_json::Value> = events
+            .iter()
+            .filter(|event| event["ph"] == "X" && event["args"]["cgroup_id"] == cgroup_id)
+            .collect();
+        assert_eq!(
+            spans.len(),
+            1,
+            "worker {cgroup_id} has {} life spans",
+            spans.len()
+        );
+        assert_eq!(
+            &spans[0]["pid"], pid_of_node,
+            "worker {cgroup_id} under the wrong node"
+        );
+        let traced_s = spans[0]["args"]["cpu_seconds"].as_f64().expect("cpu");
+        if let Some(recorded_s) = last_total_s(lines, cgroup_id) {
+            assert!(
+                (traced_s - recorded_s).abs() < 1e-6,
+                "worker {cgroup_id}: {traced_s} s traced, {recorded_s} s in its recording"
+            );
+        }
+        let kernel_s = cpu_stat_s[index];
+        eprintln!("worker {cgroup_id}: {traced_s:.6} s traced, cpu.stat {kernel_s:.6} s");
+        assert!(
+            (traced_s - kernel_s).abs() <= kernel_s * 0.02 + 0.002,
+            "worker {cgroup_id}: {traced_s} s traced, cpu.stat {kernel_s} s"
+        );
+    }
+
+    // The report names both nodes and says how far their times may be off.
+    let report_path = temp_file("fleet.html");
+    let report = Command::new(workerprobe_path())
+        .args(["report", fleet.to_str().expect("utf-8"), "--out"])
+        .arg(&report_path)
+        .output()
+        .expect("run workerprobe report");
+    assert!(report.status.success(), "{}", stderr_of(&report));
+    let page = std::fs::read_to_string(&report_path).expect("report");
+    assert!(
+        page.contains("node node-a") && page.contains("node node-b"),
+        "{page}"
+    );
+    assert!(
+        page.contains("node-b ± 16.0 s (clock not synchronised)"),
+        "the report does not say node-b's clock was unsynchronised"
+    );
+    assert_eq!(
+        page.contains("node-a ± 16.0 s (clock not synchronised)"),
+        !workerprobe_tests::kernel_clock_synchronized(),
+        "the report's word on node-a's clock is not the kernel's"
+    );
+    for path in [&a_out, &b_out, &fleet, &trace_path, &report_path] {
+        let _ = std::fs::remove_file(path);
+    }
+}

@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod exec;
+pub mod merge;
 pub mod plot;
 pub mod record;
 pub mod replay;

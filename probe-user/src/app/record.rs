@@ -108,6 +108,7 @@ fn note_clock(
             schema_version: SCHEMA_VERSION,
             at: now.into(),
             clock,
+            node: None,
         }));
         serde_json::to_writer(&mut *lines, &line).context("encoding a clock line")?;
         lines.push(b'\n');

@@ -93,6 +93,10 @@ pub struct ClockLine {
     pub at: Moment,
     /// What adjtimex said.
     pub clock: crate::clock::ClockQuality,
+    /// The node it is of, in a merged recording (`workerprobe merge`); absent in one
+    /// node's own recording, whose lines are all of its header's node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// How often a recording notes its clock's quality.
@@ -169,6 +173,10 @@ pub struct TickLine {
     pub drops: BTreeMap<String, u64>,
     /// The same since the run began.
     pub drops_total: BTreeMap<String, u64>,
+    /// The node it is of, in a merged recording (`workerprobe merge`); absent in one
+    /// node's own recording, whose lines are all of its header's node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// CPU use of a worker in one interval.
@@ -325,6 +333,10 @@ pub struct ExitLine {
     pub cgroup_id: u64,
     /// Path under the cgroup2 mount.
     pub path: String,
+    /// The node it is of, in a merged recording (`workerprobe merge`); absent in one
+    /// node's own recording, whose lines are all of its header's node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// Every other field of the exit summary.
     #[serde(flatten)]
     pub summary: serde_json::Map<String, serde_json::Value>,
@@ -523,6 +535,7 @@ impl TickLine {
             totals,
             drops: drops_by_name(&context.drops),
             drops_total: drops_by_name(&context.drops_total),
+            node: None,
         }
     }
 

@@ -7,6 +7,7 @@
 
 pub mod at;
 pub mod line;
+pub mod merge;
 pub mod reader;
 pub mod writer;
 

@@ -157,6 +157,8 @@ pub fn check_writable_recording(path: &Path, append: bool) -> anyhow::Result<()>
 pub fn parse_recording(name: &str, mut reader: impl BufRead) -> anyhow::Result<Recording> {
     let mut recording = Recording::default();
     let mut buffer = Vec::new();
+    // Each node's latest segment, by its name.
+    let mut latest_of_node: std::collections::HashMap<String, usize> = Default::default();
     loop {
         let Some(whole) = next_line(&mut reader, &mut buffer)
             .with_context(|| format!("reading the recording {name}"))?
@@ -169,6 +171,7 @@ pub fn parse_recording(name: &str, mut reader: impl BufRead) -> anyhow::Result<R
         }
         if recording.segments.is_empty() {
             let header = first_header(name, text, whole)?;
+            latest_of_node.insert(header.node.display_name().to_owned(), 0);
             recording.segments.push(Segment::new(header));
             continue;
         }
@@ -177,10 +180,31 @@ pub fn parse_recording(name: &str, mut reader: impl BufRead) -> anyhow::Result<R
         } else {
             None
         };
-        let segment = recording.segments.last_mut().expect("a header came first");
+        // A merged recording's line names its node: it is of that node's latest run.
+        let node = match &line {
+            Some(Line::Tick(tick)) => tick.node.as_deref(),
+            Some(Line::Exit(exit)) => exit.node.as_deref(),
+            Some(Line::Clock(clock)) => clock.node.as_deref(),
+            _ => None,
+        };
+        let index = match node {
+            Some(node) => match latest_of_node.get(node) {
+                Some(&index) => index,
+                None => {
+                    recording.skipped_lines += 1;
+                    continue;
+                }
+            },
+            None => recording.segments.len() - 1,
+        };
+        let segment = &mut recording.segments[index];
         match line {
             Some(Line::Header(header)) => {
                 check_version(name, u64::from(header.schema_version))?;
+                latest_of_node.insert(
+                    header.node.display_name().to_owned(),
+                    recording.segments.len(),
+                );
                 recording.segments.push(Segment::new(*header));
             }
             Some(Line::Tick(tick)) => segment.push_tick(*tick),
@@ -234,7 +258,7 @@ impl Segment {
 }
 
 /// The header a recording must start with.
-fn first_header(name: &str, text: &[u8], whole: bool) -> anyhow::Result<HeaderLine> {
+pub(super) fn first_header(name: &str, text: &[u8], whole: bool) -> anyhow::Result<HeaderLine> {
     let not_a_recording = || {
         anyhow::Error::from(crate::error::UserError::BadInput(format!(
             "{name} is not a workerprobe recording (its first line is not a header): give a file that `workerprobe record --out FILE` wrote"
@@ -256,7 +280,7 @@ fn first_header(name: &str, text: &[u8], whole: bool) -> anyhow::Result<HeaderLi
     })
 }
 
-fn check_version(name: &str, version: u64) -> anyhow::Result<()> {
+pub(super) fn check_version(name: &str, version: u64) -> anyhow::Result<()> {
     if version > u64::from(SCHEMA_VERSION) {
         return Err(crate::error::UserError::BadInput(format!("{name} was recorded with schema version {version}, newer than the {SCHEMA_VERSION} this workerprobe reads: replay it with a newer workerprobe")).into());
     }
@@ -266,7 +290,10 @@ fn check_version(name: &str, version: u64) -> anyhow::Result<()> {
 /// Reads the next line into `buffer` (without its newline). Returns `None` at the end,
 /// `Some(true)` for a line held whole, `Some(false)` for one longer than
 /// [`MAX_LINE_BYTES`] (only its start is kept).
-fn next_line(reader: &mut impl BufRead, buffer: &mut Vec<u8>) -> std::io::Result<Option<bool>> {
+pub(super) fn next_line(
+    reader: &mut impl BufRead,
+    buffer: &mut Vec<u8>,
+) -> std::io::Result<Option<bool>> {
     buffer.clear();
     let mut too_long = false;
     let mut read_any = false;

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use super::{
     format_bytes, format_seconds,
-    series::{ExitRow, Picture},
+    series::{ExitRow, NodeView, Picture},
     svg::escape_xml,
 };
 
@@ -94,29 +94,71 @@ fn number(value: Option<f64>, format: impl Fn(f64) -> String) -> Cell {
 pub fn render(picture: &Picture, svg: &str) -> String {
     let node = &picture.node;
     let mut page = String::new();
-    let title = format!("workerprobe report: {}", node.display_name());
+    let several = picture.nodes.len() > 1;
+    let title = if several {
+        format!("workerprobe report: {}", picture.node_names())
+    } else {
+        format!("workerprobe report: {}", node.display_name())
+    };
     let _ = write!(
         page,
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<h1>{}</h1>\n",
         escape_xml(&title),
         escape_xml(&title)
     );
-    let facts = [
-        ("node", node.display_name().to_owned()),
-        ("host", node.hostname.clone()),
-        ("wall clock", node.clock_text()),
-        ("kernel", node.kernel.clone()),
-        ("CPUs", format!("{} ({})", node.cpus, node.cpu_model)),
-        ("memory", format_bytes(node.memory_bytes as f64)),
+    let mut facts: Vec<(String, String)> = Vec::new();
+    if several {
+        for view in &picture.nodes {
+            let facts_of = &view.facts;
+            facts.push((
+                format!("node {}", view.name()),
+                format!(
+                    "host {}, kernel {}, {} CPUs ({}), {} memory; wall clock {}",
+                    facts_of.hostname,
+                    facts_of.kernel,
+                    facts_of.cpus,
+                    facts_of.cpu_model,
+                    format_bytes(facts_of.memory_bytes as f64),
+                    view.clock_text()
+                ),
+            ));
+        }
+        let caveats = picture.clock_caveats();
+        facts.push((
+            "clocks".into(),
+            if caveats.is_empty() {
+                "every node's clock was within a tick: the nodes' times compare to the tick".into()
+            } else {
+                format!(
+                    "the nodes' times compare only as well as their clocks: {}",
+                    caveats.join("; ")
+                )
+            },
+        ));
+    } else {
+        facts.push(("node".into(), node.display_name().to_owned()));
+        facts.push(("host".into(), node.hostname.clone()));
+        let wall_clock = picture
+            .nodes
+            .first()
+            .map_or_else(|| node.clock_text(), NodeView::clock_text);
+        facts.push(("wall clock".into(), wall_clock));
+        facts.push(("kernel".into(), node.kernel.clone()));
+        facts.push(("CPUs".into(), format!("{} ({})", node.cpus, node.cpu_model)));
+        facts.push(("memory".into(), format_bytes(node.memory_bytes as f64)));
+    }
+    let time_zero = if several {
+        "start of the first tick; times are seconds from it, each node's monotonic clock mapped to its wall clock"
+    } else {
+        "start of the first tick; times are seconds from it on the node's monotonic clock"
+    };
+    facts.extend([
         (
-            "time 0",
-            format!(
-                "{} (start of the first tick; times are seconds from it on the node's monotonic clock)",
-                picture.origin_time
-            ),
+            "time 0".into(),
+            format!("{} ({time_zero})", picture.origin_time),
         ),
         (
-            "shown",
+            "shown".into(),
             format!(
                 "{} s to {} s",
                 format_seconds(picture.from_seconds),
@@ -124,15 +166,15 @@ pub fn render(picture: &Picture, svg: &str) -> String {
             ),
         ),
         (
-            "tick",
+            "tick".into(),
             format!("{} s", format_seconds(picture.interval_seconds)),
         ),
-        ("workers", picture.workers.len().to_string()),
+        ("workers".into(), picture.workers.len().to_string()),
         (
-            "recorded by",
+            "recorded by".into(),
             format!("workerprobe {}", picture.agent_version),
         ),
-    ];
+    ]);
     page.push_str("<dl class=\"facts\">\n");
     for (name, value) in facts {
         let _ = writeln!(page, "<dt>{name}</dt><dd>{}</dd>", escape_xml(&value));
@@ -155,7 +197,7 @@ pub fn render(picture: &Picture, svg: &str) -> String {
         page.push_str("<p class=\"note\">No worker ended while it was recorded (or in the window shown).</p>\n");
     } else {
         page.push_str("<p class=\"note\">One row per worker that ended (its exit line); click a header to sort.</p>\n");
-        let rows: Vec<Vec<Cell>> = exits.iter().map(|exit| exit_cells(exit)).collect();
+        let rows: Vec<Vec<Cell>> = exits.iter().map(|exit| exit_cells(exit, several)).collect();
         table(
             &mut page,
             "exits",
@@ -250,9 +292,15 @@ pub fn render(picture: &Picture, svg: &str) -> String {
     page
 }
 
-fn exit_cells(exit: &ExitRow) -> Vec<Cell> {
+/// An exit's row; with several nodes its name starts with its node's.
+fn exit_cells(exit: &ExitRow, several_nodes: bool) -> Vec<Cell> {
+    let name = if several_nodes {
+        format!("{}: {}", exit.node, exit.name)
+    } else {
+        exit.name.clone()
+    };
     vec![
-        text(&exit.name),
+        text(&name),
         text(&exit.path),
         text(&exit.kind),
         seconds(Some(exit.start_seconds)),

@@ -2,7 +2,9 @@
 //! time axis.
 //!
 //! Time is the node's monotonic clock (the one every worker shares), in seconds from the
-//! start of the recording's first tick; `--from`/`--to` pick a window of it. Each tick a
+//! start of the recording's first tick; `--from`/`--to` pick a window of it. A merged
+//! recording of several nodes puts each node's clock on one wall-clock timeline through
+//! its run's offset; its workers are grouped under their node. Each tick a
 //! worker was active in becomes one [`TickPoint`] (rates over the tick's interval, memory at
 //! its end); its life span comes from its exit line when there is one, else from its first
 //! and last ticks. Nothing here reads a file or the kernel: tests build recordings from text.
@@ -10,9 +12,10 @@
 use std::collections::HashMap;
 
 use crate::{
+    clock::rfc3339_from_unix_ns,
     model::selection::Selection,
     node::NodeFacts,
-    recording::{Recording, at::At, line::ExitLine},
+    recording::{Recording, Segment, at::At, line::ExitLine},
 };
 
 /// Two ticks closer than this (seconds) are one continuous stretch: consecutive samples
@@ -51,18 +54,75 @@ fn wait_shares(
     shares
 }
 
+/// One node of a recording, as the pictures name it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeView {
+    /// Its facts, from its first header.
+    pub facts: NodeFacts,
+    /// Its wall clock at its worst in the recording (headers and clock lines): unsynchronised
+    /// if it ever was, and the largest error it allowed; `None` where never measured.
+    pub worst_clock: Option<crate::clock::ClockQuality>,
+}
+
+impl NodeView {
+    /// Its name.
+    pub fn name(&self) -> &str {
+        self.facts.display_name()
+    }
+
+    /// Its clock in words, at its worst over the recording (not only as its header found
+    /// it).
+    pub fn clock_text(&self) -> String {
+        NodeFacts {
+            clock: self.worst_clock,
+            ..self.facts.clone()
+        }
+        .clock_text()
+    }
+
+    /// What a picture of several nodes says beside its axis about this node's times, when
+    /// its clock may be off by more than a tick against the others' (or was never measured,
+    /// or lost synchronisation), e.g. `node-b ± 40 ms`; `None` when within a tick.
+    pub fn clock_caveat(&self, tick_seconds: f64) -> Option<String> {
+        let name = self.name();
+        match self.worst_clock {
+            None => Some(format!("{name}: clock error not measured")),
+            Some(clock) if !clock.synchronized => Some(format!(
+                "{name} ± {} (clock not synchronised)",
+                format_error(clock.max_error_seconds)
+            )),
+            Some(clock) if clock.max_error_seconds > tick_seconds => Some(format!(
+                "{name} ± {}",
+                format_error(clock.max_error_seconds)
+            )),
+            Some(_) => None,
+        }
+    }
+}
+
+/// A clock error in a unit that suits it (`40 ms`, `1.5 s`).
+fn format_error(seconds: f64) -> String {
+    if seconds >= 1.0 {
+        format!("{seconds:.1} s")
+    } else {
+        format!("{:.0} ms", (seconds * 1e3).max(1.0))
+    }
+}
+
 /// A recording ready to draw.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Picture {
-    /// The node, from the first header.
+    /// The node, from the first header (the first of [`Picture::nodes`]).
     pub node: NodeFacts,
+    /// Every node, in the order their runs appear (one, unless the recording is merged).
+    pub nodes: Vec<NodeView>,
     /// The workerprobe that recorded it.
     pub agent_version: String,
     /// The tick length asked for, seconds.
     pub interval_seconds: f64,
     /// Wall time (RFC 3339) of time 0: the start of the first tick.
     pub origin_time: String,
-    /// Time 0 on the monotonic clock, ns.
+    /// Time 0 on the first node's monotonic clock, ns.
     pub origin_monotonic_ns: u64,
     /// The window shown, seconds from time 0.
     pub from_seconds: f64,
@@ -79,12 +139,14 @@ pub struct Picture {
 /// One worker's series in the window.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WorkerSeries {
+    /// The node it ran on (its name).
+    pub node: String,
     /// cgroup v2 id.
     pub cgroup_id: u64,
     /// Path under the cgroup2 mount (unique: what marks its series in a picture).
     pub path: String,
-    /// What a picture calls it: its short name, or its path when another worker shares
-    /// the name.
+    /// What a picture calls it: its short name, or its path when another worker of its node
+    /// shares the name; with several nodes, `node: name`.
     pub label: String,
     /// Its kind (`cgroup`, `docker`, …), as the recording names it.
     pub kind: String,
@@ -140,6 +202,8 @@ pub struct TickPoint {
 /// A worker's exit summary, the fields the report's table shows.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ExitRow {
+    /// The node it ran on.
+    pub node: String,
     /// Short name.
     pub name: String,
     /// Path under the cgroup2 mount.
@@ -249,6 +313,27 @@ impl Picture {
         exits
     }
 
+    /// What the pictures say beside the axis about nodes whose clocks may be off by more
+    /// than a tick against the others'; empty for one node (its own times share one clock).
+    pub fn clock_caveats(&self) -> Vec<String> {
+        if self.nodes.len() < 2 {
+            return Vec::new();
+        }
+        self.nodes
+            .iter()
+            .filter_map(|node| node.clock_caveat(self.interval_seconds))
+            .collect()
+    }
+
+    /// The node names, joined for a title.
+    pub fn node_names(&self) -> String {
+        self.nodes
+            .iter()
+            .map(NodeView::name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The highest CPU number any worker used, plus one (at least the node's count).
     pub fn cpu_count(&self) -> usize {
         self.workers
@@ -265,39 +350,43 @@ impl Picture {
 /// Builds the picture of `recording`; the error is one sentence (no ticks, a window outside
 /// the recording, no worker matched).
 pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Picture, String> {
-    let Some((first_segment, first_tick)) = recording.ticks().next() else {
+    // One timeline for every node: each run's monotonic clock through its own offset to
+    // the wall clock at the run's start (so a wall clock stepped mid-run moves nothing).
+    let timeline_ns = |segment: &Segment, monotonic_ns: u64| {
+        let run = &segment.header.run_started;
+        i128::from(monotonic_ns) + i128::from(run.wall_unix_ns) - i128::from(run.monotonic_ns)
+    };
+    let Some((first_segment, first_tick)) = recording
+        .ticks()
+        .min_by_key(|(segment, tick)| timeline_ns(segment, tick.start.monotonic_ns))
+    else {
         return Err(format!(
             "{name} holds no ticks: no worker was active while it was recorded"
         ));
     };
-    let origin_monotonic_ns = first_tick.start.monotonic_ns;
-    let origin_wall_ns = first_tick.start.wall_unix_ns;
-    let seconds_of = |monotonic_ns: u64| {
-        (i128::from(monotonic_ns) - i128::from(origin_monotonic_ns)) as f64 / 1e9
+    let origin_ns = timeline_ns(first_segment, first_tick.start.monotonic_ns);
+    let origin_time = rfc3339_from_unix_ns(u64::try_from(origin_ns).unwrap_or(0));
+    let seconds_in = |segment: &Segment, monotonic_ns: u64| {
+        (timeline_ns(segment, monotonic_ns) - origin_ns) as f64 / 1e9
     };
     let end_seconds = recording
         .ticks()
-        .map(|(_, tick)| seconds_of(tick.end.monotonic_ns))
-        .chain(
-            recording
-                .segments
+        .map(|(segment, tick)| seconds_in(segment, tick.end.monotonic_ns))
+        .chain(recording.segments.iter().flat_map(|segment| {
+            segment
+                .exits
                 .iter()
-                .flat_map(|segment| &segment.exits)
-                .filter_map(|exit| moment_ns(exit, "end").map(seconds_of)),
-        )
+                .filter_map(|exit| moment_ns(exit, "end").map(|ns| seconds_in(segment, ns)))
+        }))
         .fold(0.0_f64, f64::max);
     let resolve = |at: At| match at {
         At::FromStart(offset) => offset.as_secs_f64(),
-        At::Wall { unix_ns } => (i128::from(unix_ns) - i128::from(origin_wall_ns)) as f64 / 1e9,
+        At::Wall { unix_ns } => (i128::from(unix_ns) - origin_ns) as f64 / 1e9,
     };
     let from_seconds = choice.from.map_or(0.0, resolve);
     let to_seconds = choice.to.map_or(end_seconds, resolve);
-    let range = || {
-        format!(
-            "the recording runs from {} (0s) to {end_seconds:.1}s after it",
-            first_tick.start.time
-        )
-    };
+    let range =
+        || format!("the recording runs from {origin_time} (0s) to {end_seconds:.1}s after it");
     if from_seconds < 0.0 || from_seconds >= end_seconds {
         return Err(format!("--from is outside the recording: {}", range()));
     }
@@ -312,9 +401,10 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
 
     let mut builders = Workers::default();
     let mut points_of: Vec<(usize, TickPoint, f64, u64, u64)> = Vec::new();
-    for (_, tick) in recording.ticks() {
-        let start = seconds_of(tick.start.monotonic_ns);
-        let end = seconds_of(tick.end.monotonic_ns);
+    for (segment, tick) in recording.ticks() {
+        let node = segment.header.node.display_name();
+        let start = seconds_in(segment, tick.start.monotonic_ns);
+        let end = seconds_in(segment, tick.end.monotonic_ns);
         if end <= from_seconds || start >= to_seconds {
             continue;
         }
@@ -340,7 +430,7 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
                 .kind
                 .and_then(|kind| serde_json::to_value(kind).ok())
                 .and_then(|value| value.as_str().map(str::to_string));
-            let index = builders.index(line.cgroup_id, &path, line.name.as_deref(), kind);
+            let index = builders.index(node, line.cgroup_id, &path, line.name.as_deref(), kind);
             let interval_seconds = if line.interval_seconds > 0.0 {
                 line.interval_seconds
             } else {
@@ -398,25 +488,33 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
         }
         series.points.push(point);
     }
-    for exit in recording.segments.iter().flat_map(|segment| &segment.exits) {
+    for (segment, exit) in recording
+        .segments
+        .iter()
+        .flat_map(|segment| segment.exits.iter().map(move |exit| (segment, exit)))
+    {
+        let node = segment.header.node.display_name();
         if !choice
             .selection
             .matches_worker(Some(&exit.path), exit.name(), &exit.ids())
         {
             continue;
         }
-        let row = exit_row(exit, seconds_of);
+        let row = exit_row(node, exit, |ns| seconds_in(segment, ns));
         let life = (
             row.start_seconds.max(from_seconds),
             row.end_seconds.min(to_seconds),
         );
-        let had_ticks = builders.index_of.contains_key(&exit.cgroup_id);
+        let had_ticks = builders
+            .index_of
+            .contains_key(&(node.to_owned(), exit.cgroup_id));
         if !had_ticks && life.1 <= life.0 {
             continue; // it lived outside the window
         }
         let name = row.name.clone();
         let kind = row.kind.clone();
         let index = builders.index(
+            node,
             exit.cgroup_id,
             &exit.path,
             (!name.is_empty()).then_some(name.as_str()),
@@ -454,19 +552,25 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
             .points
             .sort_by(|a, b| a.start_seconds.total_cmp(&b.start_seconds));
     }
-    disambiguate_labels(&mut builders);
+    let nodes = node_views(recording);
+    disambiguate_labels(&mut builders, nodes.len() > 1);
+    // Grouped under their node, in the nodes' order; by start within each.
+    let rank = |node: &str| nodes.iter().position(|view| view.name() == node);
     builders.sort_by(|a, b| {
-        a.start_seconds
-            .total_cmp(&b.start_seconds)
+        rank(&a.node)
+            .cmp(&rank(&b.node))
+            .then(a.start_seconds.total_cmp(&b.start_seconds))
             .then(a.path.cmp(&b.path))
     });
-    let header = &first_segment.header;
+    let header = &recording.segments[0].header;
+    let origin_offset_ns = timeline_ns(&recording.segments[0], 0);
     Ok(Picture {
         node: header.node.clone(),
+        nodes,
         agent_version: header.agent_version.clone(),
         interval_seconds: header.interval_seconds,
-        origin_time: first_tick.start.time.clone(),
-        origin_monotonic_ns,
+        origin_time,
+        origin_monotonic_ns: u64::try_from(origin_ns - origin_offset_ns).unwrap_or(0),
         from_seconds,
         to_seconds,
         workers: builders,
@@ -488,20 +592,70 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
     })
 }
 
+/// Every node of the recording, in the order their first runs appear, each at its clock's
+/// worst.
+fn node_views(recording: &Recording) -> Vec<NodeView> {
+    let mut views: Vec<NodeView> = Vec::new();
+    for segment in &recording.segments {
+        let facts = &segment.header.node;
+        let index = match views
+            .iter()
+            .position(|view| view.name() == facts.display_name())
+        {
+            Some(index) => index,
+            None => {
+                views.push(NodeView {
+                    facts: facts.clone(),
+                    worst_clock: None,
+                });
+                views.len() - 1
+            }
+        };
+        let readings = facts
+            .clock
+            .into_iter()
+            .chain(segment.clocks.iter().map(|line| line.clock));
+        for clock in readings {
+            let worst = &mut views[index].worst_clock;
+            *worst = Some(match *worst {
+                None => clock,
+                Some(seen) => crate::clock::ClockQuality {
+                    synchronized: seen.synchronized && clock.synchronized,
+                    estimated_error_seconds: seen
+                        .estimated_error_seconds
+                        .max(clock.estimated_error_seconds),
+                    max_error_seconds: seen.max_error_seconds.max(clock.max_error_seconds),
+                },
+            });
+        }
+    }
+    views
+}
+
 /// The workers met so far, in the order they were met.
 #[derive(Default)]
 struct Workers {
     series: Vec<WorkerSeries>,
-    index_of: HashMap<u64, usize>,
+    /// By node and cgroup id: ids are only unique on one node.
+    index_of: HashMap<(String, u64), usize>,
 }
 
 impl Workers {
-    /// The index of worker `id`, added with what its first line says if it is new.
-    fn index(&mut self, id: u64, path: &str, name: Option<&str>, kind: Option<String>) -> usize {
-        if let Some(&index) = self.index_of.get(&id) {
+    /// The index of worker `id` of `node`, added with what its first line says if it is new.
+    fn index(
+        &mut self,
+        node: &str,
+        id: u64,
+        path: &str,
+        name: Option<&str>,
+        kind: Option<String>,
+    ) -> usize {
+        let key = (node.to_owned(), id);
+        if let Some(&index) = self.index_of.get(&key) {
             return index;
         }
         self.series.push(WorkerSeries {
+            node: node.to_owned(),
             cgroup_id: id,
             path: path.to_string(),
             label: name.unwrap_or(path).to_string(),
@@ -515,20 +669,26 @@ impl Workers {
             received_bytes: 0,
             peak_memory_bytes: None,
         });
-        self.index_of.insert(id, self.series.len() - 1);
+        self.index_of.insert(key, self.series.len() - 1);
         self.series.len() - 1
     }
 }
 
-/// Labels shared by several workers become their paths, so every label names one worker.
-fn disambiguate_labels(workers: &mut [WorkerSeries]) {
-    let mut count: HashMap<String, usize> = HashMap::new();
+/// Labels shared by several workers of one node become their paths, so every label names
+/// one worker; with several nodes each label starts with its node's name.
+fn disambiguate_labels(workers: &mut [WorkerSeries], several_nodes: bool) {
+    let mut count: HashMap<(String, String), usize> = HashMap::new();
     for worker in workers.iter() {
-        *count.entry(worker.label.clone()).or_default() += 1;
+        *count
+            .entry((worker.node.clone(), worker.label.clone()))
+            .or_default() += 1;
     }
     for worker in workers.iter_mut() {
-        if count[&worker.label] > 1 {
+        if count[&(worker.node.clone(), worker.label.clone())] > 1 {
             worker.label = worker.path.clone();
+        }
+        if several_nodes {
+            worker.label = format!("{}: {}", worker.node, worker.label);
         }
     }
 }
@@ -539,7 +699,7 @@ fn moment_ns(exit: &ExitLine, field: &str) -> Option<u64> {
 }
 
 /// The table row of an exit line; fields a damaged line lacks are `None`.
-fn exit_row(exit: &ExitLine, seconds_of: impl Fn(u64) -> f64) -> ExitRow {
+fn exit_row(node: &str, exit: &ExitLine, seconds_of: impl Fn(u64) -> f64) -> ExitRow {
     let summary = &exit.summary;
     let number = |outer: &str, inner: &str| summary.get(outer)?.get(inner)?.as_f64();
     let bytes = |outer: &str, inner: &str| summary.get(outer)?.get(inner)?.as_u64();
@@ -553,6 +713,7 @@ fn exit_row(exit: &ExitLine, seconds_of: impl Fn(u64) -> f64) -> ExitRow {
     let start_seconds = moment_ns(exit, "start").map_or(0.0, &seconds_of);
     let end_seconds = moment_ns(exit, "end").map_or(start_seconds, &seconds_of);
     ExitRow {
+        node: node.to_owned(),
         name: text("name"),
         path: exit.path.clone(),
         kind: text("kind"),
@@ -837,7 +998,7 @@ pub(crate) mod tests {
     fn shared_names_become_paths() {
         let mut picture = build(&sample(), &everything(), "r").expect("builds");
         picture.workers[1].label = "w1".into();
-        disambiguate_labels(&mut picture.workers);
+        disambiguate_labels(&mut picture.workers, false);
         assert_eq!(picture.workers[0].label, "/w1");
         assert_eq!(picture.workers[1].label, "/w2");
         assert_eq!(picture.workers[2].label, "w3");
@@ -864,5 +1025,75 @@ pub(crate) mod tests {
         let mut points = w2.points.clone();
         points[0].memory_bytes = None;
         assert_eq!(memory_lines(&points), vec![vec![(4.0, 2000.0)]]);
+    }
+
+    /// `line` as node `node`'s: a header renamed (its run `wall_shift_s` later on the wall
+    /// clock, its clock as given), any other line tagged as a merge tags it.
+    fn of_node(
+        line: &str,
+        node: &str,
+        wall_shift_s: u64,
+        clock: Option<serde_json::Value>,
+    ) -> String {
+        let mut value: serde_json::Value = serde_json::from_str(line).unwrap();
+        if value["type"] == "header" {
+            value["node"]["name"] = json!(node);
+            value["node"]["clock"] = clock.unwrap_or(serde_json::Value::Null);
+            for moment in ["started", "run_started"] {
+                let wall = value[moment]["wall_unix_ns"].as_u64().unwrap();
+                value[moment]["wall_unix_ns"] = json!(wall + wall_shift_s * 1_000_000_000);
+            }
+        } else {
+            value["node"] = json!(node);
+        }
+        value.to_string()
+    }
+
+    #[test]
+    fn a_merged_recording_keeps_each_nodes_workers_apart_on_one_timeline() {
+        let synced = json!({"synchronized": true, "estimated_error_seconds": 0.0001, "max_error_seconds": 0.002});
+        let unsynced = json!({"synchronized": false, "estimated_error_seconds": 0.0, "max_error_seconds": 16.0});
+        // Both nodes have a worker with cgroup id 1 (ids are per node); b's run is 2 s
+        // later on the wall clock, with the same monotonic readings.
+        let lines = vec![
+            of_node(&header(), "a", 0, Some(synced)),
+            of_node(&header(), "b", 2, Some(unsynced)),
+            of_node(&tick(1, 1, 1, 0.5, 0), "a", 0, None),
+            of_node(&tick(1, 1, 1, 0.25, 0), "b", 0, None),
+            of_node(&tick(2, 1, 2, 0.5, 0), "a", 0, None),
+            of_node(&exit(1, 0.0, 1.5), "b", 0, None),
+        ];
+        let picture = build(&recording(&lines), &everything(), "fleet.jsonl").expect("builds");
+        let names: Vec<&str> = picture.nodes.iter().map(NodeView::name).collect();
+        assert_eq!(names, ["a", "b"]);
+        let rows: Vec<(&str, &str, f64, f64)> = picture
+            .workers
+            .iter()
+            .map(|w| {
+                (
+                    w.node.as_str(),
+                    w.label.as_str(),
+                    w.start_seconds,
+                    w.cpu_seconds,
+                )
+            })
+            .collect();
+        // a's ticks at 0–1 and 1–2 s; b's tick is 2 s later on the shared timeline.
+        assert_eq!(rows, [("a", "a: w1", 0.0, 1.0), ("b", "b: w1", 2.0, 0.25)]);
+        let b_exit = picture.workers[1].exit.as_ref().expect("b's worker ended");
+        assert_eq!((b_exit.node.as_str(), b_exit.end_seconds), ("b", 3.5));
+        assert_eq!(
+            picture.clock_caveats(),
+            ["b ± 16.0 s (clock not synchronised)"]
+        );
+        // One node's own recording has no caveat: its times share one clock.
+        let alone = build(
+            &recording(&[header(), tick(1, 1, 1, 0.5, 0)]),
+            &everything(),
+            "r",
+        )
+        .expect("builds");
+        assert!(alone.clock_caveats().is_empty());
+        assert_eq!(alone.workers[0].label, "w1");
     }
 }

@@ -260,30 +260,51 @@ fn short(text: &str) -> String {
 fn draw_title(area: &Area, picture: &Picture) -> Drawn {
     let node = &picture.node;
     let bold = (FONT, 20).into_font().style(FontStyle::Bold).color(&BLACK);
-    area.draw_text(
-        &format!(
+    let several = picture.nodes.len() > 1;
+    let title = if several {
+        format!(
+            "workerprobe recording of {} nodes ({}): {} workers",
+            picture.nodes.len(),
+            picture.node_names(),
+            picture.workers.len()
+        )
+    } else {
+        format!(
             "workerprobe recording of {}: {} workers",
             node.display_name(),
             picture.workers.len()
-        ),
-        &bold,
-        (12, 8),
-    )?;
-    area.draw_text(
-        &format!(
-            "kernel {}, {} CPUs ({}), {} memory. Time 0 = {} (start of the first tick, node monotonic clock); showing {}s to {}s; ticks of {}s.",
+        )
+    };
+    area.draw_text(&title, &bold, (12, 8))?;
+    let window = format!(
+        "showing {}s to {}s; ticks of {}s.",
+        format_seconds(picture.from_seconds),
+        format_seconds(picture.to_seconds),
+        format_seconds(picture.interval_seconds),
+    );
+    let facts = if several {
+        // Beside the axis: how far each node's times may be off against the others'.
+        let caveats = picture.clock_caveats();
+        let clocks = if caveats.is_empty() {
+            "every node's clock within a tick".to_owned()
+        } else {
+            format!("times may be off by: {}", caveats.join("; "))
+        };
+        format!(
+            "Time 0 = {} (start of the first tick, each node's clock mapped to its wall clock); {window} Clocks: {clocks}.",
+            picture.origin_time,
+        )
+    } else {
+        format!(
+            "kernel {}, {} CPUs ({}), {} memory. Time 0 = {} (start of the first tick, node monotonic clock); {window}",
             node.kernel,
             node.cpus,
             node.cpu_model,
             format_bytes(node.memory_bytes as f64),
             picture.origin_time,
-            format_seconds(picture.from_seconds),
-            format_seconds(picture.to_seconds),
-            format_seconds(picture.interval_seconds),
-        ),
-        &text_style(13),
-        (12, 38),
-    )?;
+        )
+    };
+    area.draw_text(&facts, &text_style(13), (12, 38))?;
     Ok(())
 }
 

@@ -2,11 +2,13 @@
 //! format": `{"traceEvents": [...], "displayTimeUnit": "ms"}`), which ui.perfetto.dev and
 //! chrome://tracing open.
 //!
-//! Layout: process 1, "workerprobe node HOST", holds one thread per worker (ordered by
-//! start) with one complete event (`"ph":"X"`) spanning its life, and an instant event
-//! `exit` (with the exit summary as arguments) when it ended: together, a Gantt of the
-//! workers. Each worker's counters are in a process of their own (pid 2 + its row), named
-//! "LABEL counters", so its tracks stay together: `cores`, `time shares %` (on CPU /
+//! Layout: process 1 + n, "workerprobe node NAME" for the recording's n-th node (one, unless
+//! it is merged; with several, the name says how far its clock may be off when that is more
+//! than a tick), holds one thread per worker of the node (ordered by start) with one complete
+//! event (`"ph":"X"`) spanning its life, and an instant event `exit` (with the exit summary
+//! as arguments) when it ended: together, a Gantt of the workers. Each worker's counters
+//! are in a process of their own (after the nodes', one per row), named "LABEL counters",
+//! so its tracks stay together: `cores`, `time shares %` (on CPU /
 //! run-queue / blocked I/O / sleep), `net bytes/s` (send / receive) and `memory bytes`.
 //! A counter holds its value until the next event, so a rate is set at its tick's start and
 //! put back to 0 where the worker's ticks stop. Timestamps are µs on the node's monotonic
@@ -16,10 +18,8 @@ use serde_json::{Value, json};
 
 use super::series::{Picture, TickPoint, WorkerSeries};
 
-/// The process holding every worker's life span.
+/// The first node's process, holding its workers' life spans (node n's is `NODE_PID + n`).
 const NODE_PID: usize = 1;
-/// Worker row `r`'s counters are in process `COUNTER_PID_BASE + r`.
-const COUNTER_PID_BASE: usize = 2;
 /// Shortest span written, µs: a worker seen for no measurable time still gets a visible one.
 const MIN_DURATION_US: f64 = 1.0;
 
@@ -30,28 +30,47 @@ fn micros(seconds: f64) -> f64 {
 
 /// The trace document of `picture`.
 pub fn render(picture: &Picture) -> Value {
-    let mut metadata = vec![
-        meta(
+    let mut metadata = Vec::new();
+    for (index, node) in picture.nodes.iter().enumerate() {
+        let caveat = (picture.nodes.len() > 1)
+            .then(|| node.clock_caveat(picture.interval_seconds))
+            .flatten()
+            .map_or_else(String::new, |caveat| format!(" (times {caveat})"));
+        metadata.push(meta(
             "process_name",
-            NODE_PID,
+            NODE_PID + index,
             0,
-            json!({"name": format!("workerprobe node {}", picture.node.display_name())}),
-        ),
-        meta("process_sort_index", NODE_PID, 0, json!({"sort_index": 0})),
-    ];
+            json!({"name": format!("workerprobe node {}{caveat}", node.name())}),
+        ));
+        metadata.push(meta(
+            "process_sort_index",
+            NODE_PID + index,
+            0,
+            json!({"sort_index": index}),
+        ));
+    }
+    let node_pid = |worker: &WorkerSeries| {
+        NODE_PID
+            + picture
+                .nodes
+                .iter()
+                .position(|node| node.name() == worker.node)
+                .unwrap_or(0)
+    };
+    let counter_pid_base = NODE_PID + picture.nodes.len().max(1);
     let mut events = Vec::new();
     for (row, worker) in picture.workers.iter().enumerate() {
         let tid = row + 1;
-        let counter_pid = COUNTER_PID_BASE + row;
+        let (life_pid, counter_pid) = (node_pid(worker), counter_pid_base + row);
         metadata.push(meta(
             "thread_name",
-            NODE_PID,
+            life_pid,
             tid,
             json!({"name": worker.label}),
         ));
         metadata.push(meta(
             "thread_sort_index",
-            NODE_PID,
+            life_pid,
             tid,
             json!({"sort_index": row}),
         ));
@@ -65,13 +84,13 @@ pub fn render(picture: &Picture) -> Value {
             "process_sort_index",
             counter_pid,
             tid,
-            json!({"sort_index": row + 1}),
+            json!({"sort_index": picture.nodes.len() + row}),
         ));
-        events.push(life_span(worker, tid));
+        events.push(life_span(worker, life_pid, tid));
         if let Some(exit) = &worker.exit {
             events.push(json!({
                 "name": "exit", "cat": "worker", "ph": "i", "s": "t",
-                "ts": micros(worker.end_seconds), "pid": NODE_PID, "tid": tid,
+                "ts": micros(worker.end_seconds), "pid": life_pid, "tid": tid,
                 "args": Value::Object(exit.summary.clone()),
             }));
         }
@@ -98,6 +117,11 @@ pub fn render(picture: &Picture) -> Value {
         "otherData": {
             "source": "workerprobe trace",
             "node": node.display_name(),
+            "nodes": picture.nodes.iter().map(|view| json!({
+                "node": view.name(),
+                "hostname": view.facts.hostname,
+                "worst_clock": view.worst_clock,
+            })).collect::<Vec<_>>(),
             "hostname": node.hostname,
             "clock": node.clock,
             "kernel": node.kernel,
@@ -115,13 +139,14 @@ fn meta(name: &str, pid: usize, tid: usize, args: Value) -> Value {
 }
 
 /// The complete event spanning a worker's life.
-fn life_span(worker: &WorkerSeries, tid: usize) -> Value {
+fn life_span(worker: &WorkerSeries, pid: usize, tid: usize) -> Value {
     let start = micros(worker.start_seconds);
     let duration = (micros(worker.end_seconds) - start).max(MIN_DURATION_US);
     json!({
         "name": worker.label, "cat": "worker", "ph": "X", "ts": start, "dur": duration,
-        "pid": NODE_PID, "tid": tid,
+        "pid": pid, "tid": tid,
         "args": {
+            "node": worker.node,
             "path": worker.path,
             "kind": worker.kind,
             "cgroup_id": worker.cgroup_id,
