@@ -589,6 +589,13 @@ fn two_nodes_recordings_merge_into_one_timeline_with_each_nodes_workers_and_cloc
         );
     }
 
+    // Replay takes the nodes' ticks in turn, each named by its node.
+    let output = replay(&[fleet.to_str().expect("utf-8")]);
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    let text = String::from_utf8_lossy(&output.stdout);
+    let on = |node: &str| text.lines().filter(|line| line.ends_with(node)).count();
+    assert!(on(" on node-a") > 0 && on(" on node-b") > 0, "{text}");
+
     // The report names both nodes and says how far their times may be off.
     let report_path = temp_file("fleet.html");
     let report = Command::new(workerprobe_path())

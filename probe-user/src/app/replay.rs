@@ -38,7 +38,20 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     let recording = read_recording(&args.file)?;
     let name = args.file.display();
     crate::recording::reader::tell_skipped(&recording, &name.to_string());
-    let ticks: Vec<(&Segment, &Tick)> = recording.ticks().collect();
+    let mut ticks: Vec<(&Segment, &Tick)> = recording.ticks().collect();
+    // A merged recording's nodes take turns, in the order of the shared timeline.
+    let mut nodes: Vec<&str> = recording
+        .segments
+        .iter()
+        .map(|segment| segment.header.node.display_name())
+        .collect();
+    nodes.dedup();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let several_nodes = nodes.len() > 1;
+    if several_nodes {
+        ticks.sort_by_key(|(segment, tick)| segment.header.timeline_ns(tick.end.monotonic_ns));
+    }
     // A pattern that matches no worker of the whole recording is a mistake, not an answer.
     if !selection.is_all()
         && !ticks.iter().any(|(_, tick)| {
@@ -102,7 +115,8 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
             if previous_segment.is_some() {
                 text.push('\n');
             }
-            let new_run = previous_segment.is_some_and(|previous| !std::ptr::eq(previous, segment))
+            let new_run = !several_nodes
+                && previous_segment.is_some_and(|previous| !std::ptr::eq(previous, segment))
                 && segment.header.part == 0;
             if new_run {
                 text += &format!(
@@ -112,10 +126,14 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
                 );
             }
             text += &format!(
-                "at {} (+{:.2}s)\n",
+                "at {} (+{:.2}s)",
                 tick.end.time,
                 tick.end.wall_unix_ns.saturating_sub(origin_ns) as f64 / 1e9
             );
+            if several_nodes {
+                text += &format!(" on {}", segment.header.node.display_name());
+            }
+            text.push('\n');
             text + &table::render(&interval, TABLE_LIMIT)
         };
         previous_segment = Some(segment);

@@ -131,6 +131,16 @@ pub struct HeaderLine {
     pub measured: Measured,
 }
 
+impl HeaderLine {
+    /// Where `monotonic_ns` of this run falls on a timeline shared with other nodes: through
+    /// the run's offset from its monotonic clock to its wall clock at its start (so a wall
+    /// clock stepped mid-run moves none of the run's moments), ns on the wall clock's scale.
+    pub fn timeline_ns(&self, monotonic_ns: u64) -> i128 {
+        let run = &self.run_started;
+        i128::from(monotonic_ns) + i128::from(run.wall_unix_ns) - i128::from(run.monotonic_ns)
+    }
+}
+
 /// One worker's tick: what it did in the interval, and its counters since the run began.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TickLine {

@@ -163,8 +163,7 @@ impl<R: BufRead> Stream<R> {
 
     /// A header on the timeline: it starts its node's run.
     fn place_header(&mut self, header: &HeaderLine, text: Vec<u8>) -> Pending {
-        let run = &header.run_started;
-        let offset_ns = i128::from(run.wall_unix_ns) - i128::from(run.monotonic_ns);
+        let offset_ns = header.timeline_ns(0);
         let node = header.node.display_name().to_owned();
         self.offsets.insert(node.clone(), offset_ns);
         self.node = node.clone();

@@ -350,12 +350,9 @@ impl Picture {
 /// Builds the picture of `recording`; the error is one sentence (no ticks, a window outside
 /// the recording, no worker matched).
 pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Picture, String> {
-    // One timeline for every node: each run's monotonic clock through its own offset to
-    // the wall clock at the run's start (so a wall clock stepped mid-run moves nothing).
-    let timeline_ns = |segment: &Segment, monotonic_ns: u64| {
-        let run = &segment.header.run_started;
-        i128::from(monotonic_ns) + i128::from(run.wall_unix_ns) - i128::from(run.monotonic_ns)
-    };
+    // One timeline for every node (see `HeaderLine::timeline_ns`).
+    let timeline_ns =
+        |segment: &Segment, monotonic_ns: u64| segment.header.timeline_ns(monotonic_ns);
     let Some((first_segment, first_tick)) = recording
         .ticks()
         .min_by_key(|(segment, tick)| timeline_ns(segment, tick.start.monotonic_ns))
