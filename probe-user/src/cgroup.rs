@@ -19,19 +19,44 @@ pub fn find_cgroup2_mount() -> Result<PathBuf, UserError> {
     parse_cgroup2_mount(&mountinfo).ok_or(UserError::NoCgroup2)
 }
 
-/// Returns the mount point of the first cgroup2 entry of a mountinfo text.
+/// Returns the mount point of the cgroup2 entry of a mountinfo text that sees the most of the
+/// hierarchy (the first, on a tie).
 ///
 /// A line reads `id parent major:minor root mount-point options [optional…] - fstype source
-/// super-options`; the mount point is field 5 and the file system type follows the `-`.
+/// super-options`; the mount point is field 5 and the file system type follows the `-`. The
+/// root (field 4) is relative to the reader's cgroup namespace: in a container with its own
+/// namespace, the runtime's mount has root `/` and sees the container only, while the host's
+/// hierarchy bind-mounted in (as the DaemonSet mounts it) has root `/../..`: above the
+/// namespace's root, the whole node. A mount of a subtree (`/kubepods`) sees less than `/`.
 pub fn parse_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|line| {
-        let (before, after) = line.split_once(" - ")?;
-        if after.split_whitespace().next()? != "cgroup2" {
-            return None;
+    // (mount point, file system type, root) of every entry, in mount order.
+    let entries: Vec<(PathBuf, &str, &str)> = mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let mut fields = before.split_whitespace().skip(3);
+            let root = fields.next()?;
+            let mount_point = PathBuf::from(unescape_mountinfo(fields.next()?));
+            Some((mount_point, after.split_whitespace().next()?, root))
+        })
+        .collect();
+    let mut best: Option<(i64, &PathBuf)> = None;
+    for (index, (mount_point, fstype, root)) in entries.iter().enumerate() {
+        // A mount a later one covers (at its place or above it) cannot be reached.
+        let covered = entries[index + 1..]
+            .iter()
+            .any(|(later, _, _)| mount_point.starts_with(later));
+        if *fstype != "cgroup2" || covered {
+            continue;
         }
-        let mount_point = before.split_whitespace().nth(4)?;
-        Some(PathBuf::from(unescape_mountinfo(mount_point)))
-    })
+        let parts: Vec<&str> = root.split('/').filter(|part| !part.is_empty()).collect();
+        let above = parts.iter().take_while(|part| **part == "..").count();
+        let width = above as i64 - (parts.len() - above) as i64;
+        if best.is_none_or(|(widest, _)| width > widest) {
+            best = Some((width, mount_point));
+        }
+    }
+    best.map(|(_, mount_point)| mount_point.clone())
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
@@ -422,6 +447,37 @@ mod tests {
         assert_eq!(
             parse_cgroup2_mount(mountinfo),
             Some(PathBuf::from("/sys/fs/cg root"))
+        );
+    }
+
+    #[test]
+    fn in_a_container_the_hosts_hierarchy_is_chosen_over_the_containers_own() {
+        // A pod with its own cgroup namespace: the runtime's mount sees the container, the
+        // host's /sys/fs/cgroup mounted at /host/sys/fs/cgroup sees the node.
+        let mountinfo = "\
+1500 1400 0:26 / /sys/fs/cgroup ro,nosuid - cgroup2 cgroup rw,nsdelegate
+1501 1400 0:26 /../../.. /host/sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw,nsdelegate
+1502 1400 0:26 /kubepods.slice /mnt/pods ro - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            parse_cgroup2_mount(mountinfo),
+            Some(PathBuf::from("/host/sys/fs/cgroup"))
+        );
+        // Mounting the pod's own hierarchy over /sys/fs/cgroup hides a hybrid host's
+        // /sys/fs/cgroup/unified, which mountinfo still lists (first, and as wide).
+        let covered = "\
+61 51 0:38 /.. /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+71 46 0:38 /.. /host/sys/fs/cgroup ro,relatime - cgroup2 cgroup2 rw
+72 51 0:38 / /sys/fs/cgroup rw,relatime - cgroup2 none rw
+";
+        assert_eq!(
+            parse_cgroup2_mount(covered),
+            Some(PathBuf::from("/host/sys/fs/cgroup"))
+        );
+        let subtree_first = "1502 1400 0:26 /kubepods.slice /mnt/pods ro - cgroup2 cgroup2 rw\n1500 1400 0:26 / /sys/fs/cgroup ro - cgroup2 cgroup rw\n";
+        assert_eq!(
+            parse_cgroup2_mount(subtree_first),
+            Some(PathBuf::from("/sys/fs/cgroup"))
         );
     }
 
