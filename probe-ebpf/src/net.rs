@@ -7,6 +7,10 @@
 //!   every socket call of those families reaches (the tracepoints sit right after them).
 //!   Other families (netlink, packet, vsock, …) are not counted by this variant.
 //!
+//! Before 6.5, sendfile and splice into a socket take the protocols' `sendpage` instead,
+//! which neither reaches: where the kernel has it and allows fexit, `fexit` on TCP's, UDP's
+//! and unix streams' `sendpage` is added to either variant.
+//!
 //! Payload bytes either way, so they match what the application wrote and read, whatever the
 //! network namespace.
 
@@ -148,6 +152,38 @@ pub fn sock_rx_udgram(ctx: FExitContext) -> u32 {
     let ret: i64 = ctx.arg::<u64>(4) as i32 as i64;
     if ret > 0 && flags & MSG_PEEK == 0 {
         account(ctx.arg(0), ret as u64, false);
+    }
+    0
+}
+
+/// fexit of `int tcp_sendpage(struct sock *sk, struct page *page, int offset, size_t size,
+/// int flags)` (and `udp_sendpage`, the same shape): before 6.5, sendfile and splice into an
+/// IPv4 or IPv6 socket reach the protocol here, past `sendmsg` and the 6.3 tracepoint. A
+/// protocol without its own `sendpage` falls back to `sendmsg`, counted there instead.
+macro_rules! sendpage_exit {
+    ($program:ident, $function:literal) => {
+        #[doc = concat!("fexit of `", $function, "`.")]
+        #[fexit(function = $function)]
+        pub fn $program(ctx: FExitContext) -> u32 {
+            let ret: i64 = ctx.arg::<u64>(5) as i32 as i64;
+            if ret > 0 {
+                account(ctx.arg(0), ret as u64, true);
+            }
+            0
+        }
+    };
+}
+
+sendpage_exit!(sock_tx_tcppage, "tcp_sendpage");
+sendpage_exit!(sock_tx_udppage, "udp_sendpage");
+
+/// fexit of `ssize_t unix_stream_sendpage(struct socket *socket, struct page *page, int
+/// offset, size_t size, int flags)`: sendfile into a unix stream socket before 6.5.
+#[fexit(function = "unix_stream_sendpage")]
+pub fn sock_tx_upage(ctx: FExitContext) -> u32 {
+    let ret: i64 = ctx.arg::<u64>(5) as i64;
+    if ret > 0 {
+        account(sock_of(ctx.arg(0)), ret as u64, true);
     }
     0
 }

@@ -175,3 +175,37 @@ fn udp_sendmmsg_and_recvmmsg_are_exact() {
         probe_common::net::FAMILY_IPV4,
     );
 }
+
+#[test]
+fn bytes_sent_with_sendfile_are_exact() {
+    let mut collector = collector();
+    let sender = TestCgroup::new("sendfile-send");
+    let receiver = TestCgroup::new("sendfile-recv");
+    let before = collector.sample().expect("sample");
+    let mut recv = receiver.spawn_workload(&["recv", "tcp", "127.0.0.1:0", "0"]);
+    let addr = read_first_json_line(&mut recv)["addr"]
+        .as_str()
+        .expect("receiver address")
+        .to_string();
+    let sent = wait_json(sender.spawn_workload(&["sendfile", &addr, "9000001"]));
+    let received = wait_json(recv);
+    let after = collector.sample().expect("sample");
+    let (sent_bytes, sent_calls, _, _) =
+        traffic(&before, &after, sender.id, probe_common::net::FAMILY_IPV4);
+    let (_, _, received_bytes, _) =
+        traffic(&before, &after, receiver.id, probe_common::net::FAMILY_IPV4);
+    eprintln!(
+        "sendfile: workload sent {sent}, received {received}; ours sent {sent_bytes} in {sent_calls} calls, received {received_bytes}"
+    );
+    assert_eq!(
+        sent_bytes,
+        field(&sent, "sent_bytes"),
+        "bytes sent by sendfile"
+    );
+    assert_eq!(received_bytes, field(&received, "received_bytes"));
+    // A call is one pass through the socket layer: sendfile makes one per chunk it pushes.
+    assert!(
+        sent_calls >= field(&sent, "sendfile_calls"),
+        "{sent_calls} calls"
+    );
+}

@@ -127,23 +127,65 @@ const WAITS: &[Variant] = &[Variant {
     ],
 }];
 
-/// The socket-length tracepoints (6.3+) first: cheapest, and every call path.
+/// The socket-length tracepoints (6.3+) first: cheapest, and every call path but one. Before
+/// 6.5 sendfile and splice into a socket take the protocols' `sendpage`, which neither the
+/// tracepoints nor the `sendmsg` fexits see: each way comes with fexit on `sendpage` first,
+/// and without it where the kernel has no `sendpage` (6.5+) or allows no fexit.
 const NET: &[Variant] = &[
     Variant {
-        name: "tp_btf sock_send_length, sock_recv_length",
+        name: "tp_btf sock_send_length, sock_recv_length; fexit on sendpage",
         needs: &[
-            Need::Tracepoint {
-                name: "sock_send_length",
-                args: 3,
-            },
-            Need::Tracepoint {
-                name: "sock_recv_length",
-                args: 3,
-            },
+            SEND_LENGTH,
+            RECV_LENGTH,
+            Need::Fexit,
+            TCP_SENDPAGE,
+            UDP_SENDPAGE,
+            UNIX_SENDPAGE,
         ],
         programs: &[
             tp("sock_send", "sock_send_length"),
             tp("sock_recv", "sock_recv_length"),
+            fexit("sock_tx_tcppage", "tcp_sendpage"),
+            fexit("sock_tx_udppage", "udp_sendpage"),
+            fexit("sock_tx_upage", "unix_stream_sendpage"),
+        ],
+    },
+    Variant {
+        name: "tp_btf sock_send_length, sock_recv_length",
+        needs: &[SEND_LENGTH, RECV_LENGTH],
+        programs: &[
+            tp("sock_send", "sock_send_length"),
+            tp("sock_recv", "sock_recv_length"),
+        ],
+    },
+    Variant {
+        name: "fexit on inet/inet6/unix sendmsg, recvmsg, sendpage",
+        needs: &[
+            Need::Fexit,
+            SENDMSG("inet_sendmsg"),
+            SENDMSG("inet6_sendmsg"),
+            UNIX_STREAM_SENDMSG,
+            UNIX_DGRAM_SENDMSG,
+            RECVMSG("inet_recvmsg"),
+            RECVMSG("inet6_recvmsg"),
+            RECVMSG("unix_stream_recvmsg"),
+            UNIX_DGRAM_RECVMSG,
+            TCP_SENDPAGE,
+            UDP_SENDPAGE,
+            UNIX_SENDPAGE,
+        ],
+        programs: &[
+            fexit("sock_tx_inet", "inet_sendmsg"),
+            fexit("sock_tx_inet6", "inet6_sendmsg"),
+            fexit("sock_tx_ustream", "unix_stream_sendmsg"),
+            fexit("sock_tx_udgram", "unix_dgram_sendmsg"),
+            fexit("sock_rx_inet", "inet_recvmsg"),
+            fexit("sock_rx_inet6", "inet6_recvmsg"),
+            fexit("sock_rx_ustream", "unix_stream_recvmsg"),
+            fexit("sock_rx_udgram", "__unix_dgram_recvmsg"),
+            fexit("sock_tx_tcppage", "tcp_sendpage"),
+            fexit("sock_tx_udppage", "udp_sendpage"),
+            fexit("sock_tx_upage", "unix_stream_sendpage"),
         ],
     },
     Variant {
@@ -152,21 +194,12 @@ const NET: &[Variant] = &[
             Need::Fexit,
             SENDMSG("inet_sendmsg"),
             SENDMSG("inet6_sendmsg"),
-            Need::Function {
-                name: "unix_stream_sendmsg",
-                params: &["sock", "msg", "len"],
-            },
-            Need::Function {
-                name: "unix_dgram_sendmsg",
-                params: &["sock", "msg", "len"],
-            },
+            UNIX_STREAM_SENDMSG,
+            UNIX_DGRAM_SENDMSG,
             RECVMSG("inet_recvmsg"),
             RECVMSG("inet6_recvmsg"),
             RECVMSG("unix_stream_recvmsg"),
-            Need::Function {
-                name: "__unix_dgram_recvmsg",
-                params: &["sk", "msg", "size", "flags"],
-            },
+            UNIX_DGRAM_RECVMSG,
         ],
         programs: &[
             fexit("sock_tx_inet", "inet_sendmsg"),
@@ -180,6 +213,39 @@ const NET: &[Variant] = &[
         ],
     },
 ];
+
+const SEND_LENGTH: Need = Need::Tracepoint {
+    name: "sock_send_length",
+    args: 3,
+};
+const RECV_LENGTH: Need = Need::Tracepoint {
+    name: "sock_recv_length",
+    args: 3,
+};
+const UNIX_STREAM_SENDMSG: Need = Need::Function {
+    name: "unix_stream_sendmsg",
+    params: &["sock", "msg", "len"],
+};
+const UNIX_DGRAM_SENDMSG: Need = Need::Function {
+    name: "unix_dgram_sendmsg",
+    params: &["sock", "msg", "len"],
+};
+const UNIX_DGRAM_RECVMSG: Need = Need::Function {
+    name: "__unix_dgram_recvmsg",
+    params: &["sk", "msg", "size", "flags"],
+};
+const TCP_SENDPAGE: Need = Need::Function {
+    name: "tcp_sendpage",
+    params: &["sk", "page", "offset", "size", "flags"],
+};
+const UDP_SENDPAGE: Need = Need::Function {
+    name: "udp_sendpage",
+    params: &["sk", "page", "offset", "size", "flags"],
+};
+const UNIX_SENDPAGE: Need = Need::Function {
+    name: "unix_stream_sendpage",
+    params: &["socket", "page", "offset", "size", "flags"],
+};
 
 /// An IPv4/IPv6 `sendmsg` as the fexit socket programs read it.
 #[allow(non_snake_case)]
@@ -518,7 +584,8 @@ mod tests {
         ] {
             features.tracepoints.insert(name.into(), args);
         }
-        for need in variants(ProgramGroup::Net)[1].needs {
+        // Every function of the fexit variant with sendpage.
+        for need in variants(ProgramGroup::Net)[2].needs {
             if let Need::Function { name, params } = need {
                 features.functions.insert(
                     name.to_string(),
@@ -533,11 +600,28 @@ mod tests {
         plan.programs().iter().map(|p| p.program).collect()
     }
 
+    /// 6.1's features less the protocols' `sendpage`, which 6.5 removed.
+    fn without_sendpage(mut features: KernelFeatures) -> KernelFeatures {
+        for name in ["tcp_sendpage", "udp_sendpage", "unix_stream_sendpage"] {
+            features.functions.remove(name);
+        }
+        features
+    }
+
     #[test]
     fn socket_lengths_where_the_tracepoints_exist() {
-        let mut features = linux_6_1();
+        let mut features = without_sendpage(linux_6_1());
         features.tracepoints.insert("sock_send_length".into(), 3);
         features.tracepoints.insert("sock_recv_length".into(), 3);
+        // 6.3 and 6.4: the tracepoints, and sendpage still beside them.
+        let with_sendpage = {
+            let mut features = features.clone();
+            features.functions.extend(linux_6_1().functions);
+            Plan::new(&ProgramGroup::DEFAULT, &features)
+        };
+        assert!(names(&with_sendpage).contains(&"sock_send"));
+        assert!(names(&with_sendpage).contains(&"sock_tx_tcppage"));
+        assert!(!names(&with_sendpage).contains(&"sock_tx_inet"));
         let plan = Plan::new(&ProgramGroup::DEFAULT, &features);
         assert_eq!(
             names(&plan),
@@ -561,8 +645,14 @@ mod tests {
         let programs = plan.programs();
         assert!(programs.contains(&fexit("sock_tx_inet", "inet_sendmsg")));
         assert!(programs.contains(&fexit("sock_rx_udgram", "__unix_dgram_recvmsg")));
+        assert!(programs.contains(&fexit("sock_tx_tcppage", "tcp_sendpage")));
+        assert!(programs.contains(&fexit("sock_tx_upage", "unix_stream_sendpage")));
         assert!(!names(&plan).contains(&"sock_send"));
         assert!(plan.measured().net);
+        // The sendmsg fexits alone where sendpage is gone (a 6.5+ kernel made to use them).
+        let plan = Plan::new(&ProgramGroup::DEFAULT, &without_sendpage(linux_6_1()));
+        assert!(names(&plan).contains(&"sock_tx_inet"));
+        assert!(!names(&plan).contains(&"sock_tx_tcppage"));
     }
 
     #[test]
@@ -625,7 +715,7 @@ mod tests {
 
     #[test]
     fn a_refused_variant_falls_back_to_the_next() {
-        let mut features = linux_6_1();
+        let mut features = without_sendpage(linux_6_1());
         features.tracepoints.insert("sock_send_length".into(), 3);
         features.tracepoints.insert("sock_recv_length".into(), 3);
         let mut plan = Plan::new(&ProgramGroup::DEFAULT, &features);

@@ -37,6 +37,9 @@
 //!   `{"utime_ns","stime_ns"}`.
 //! - `hold MIB MS`: allocates MIB MiB and writes every page (resident), prints `ready`, then
 //!   for MS of wall time spins 1 ms in every 10 (active, so a table shows it) and exits.
+//! - `sendfile ADDR BYTES`: write a file of BYTES in $WP_SCRATCH, connect to ADDR over TCP and
+//!   send the file with sendfile(2) (up to 1 MiB per call), then close. Prints
+//!   `{"sent_bytes","sendfile_calls"}`.
 //! - `life MS`: one thread: spin MS of CPU time, nap 5 × MS/5, fsync 10 times in $WP_SCRATCH
 //!   (default /var/tmp); prints `{"lived_ns"}`, its life from the start of `main`.
 
@@ -75,6 +78,7 @@ fn main() {
         "hold" => hold(num(arg(1)), num(arg(2))),
         "fetch" => fetch(arg(1), num(arg(2)), num(arg(3)), arg(4), num(arg(5))),
         "fanout" => fanout(&args[1..args.len() - 1], num(&args[args.len() - 1])),
+        "sendfile" => send_file(arg(1), num(arg(2))),
         "nap" => {
             if args.get(3).map(String::as_str) == Some("wait") {
                 wait_for_go();
@@ -188,6 +192,35 @@ fn reasons(scratch: &str, peer: &str) {
     println!(
         r#"{{"timer_ns":{timer_ns},"network_ns":{network_ns},"lock_ns":{lock_ns},"child_ns":{child_ns},"pipe_ns":{pipe_ns},"disk_ns":{disk_ns}}}"#
     );
+}
+
+fn send_file(peer: &str, bytes: u64) {
+    let path =
+        std::path::Path::new(&scratch_dir()).join(format!("wp-sendfile-{}", std::process::id()));
+    let block: Vec<u8> = (0..1 << 16).map(|i| (i % 251) as u8).collect();
+    {
+        let mut file = std::fs::File::create(&path).expect("create");
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(block.len() as u64) as usize;
+            file.write_all(&block[..n]).expect("write");
+            left -= n as u64;
+        }
+    }
+    let file = std::fs::File::open(&path).expect("open");
+    let stream = TcpStream::connect(peer).expect("connect");
+    let (mut offset, mut calls): (libc::off_t, u64) = (0, 0);
+    while (offset as u64) < bytes {
+        let chunk = (bytes - offset as u64).min(1 << 20) as usize;
+        // SAFETY: two open descriptors; offset is valid for writing.
+        let sent =
+            unsafe { libc::sendfile(stream.as_raw_fd(), file.as_raw_fd(), &mut offset, chunk) };
+        assert!(sent > 0, "sendfile: {}", std::io::Error::last_os_error());
+        calls += 1;
+    }
+    drop(stream);
+    let _ = std::fs::remove_file(&path);
+    println!(r#"{{"sent_bytes":{offset},"sendfile_calls":{calls}}}"#);
 }
 
 /// Reads a connection to its end; how many bytes.
