@@ -622,3 +622,88 @@ fn two_nodes_recordings_merge_into_one_timeline_with_each_nodes_workers_and_cloc
         let _ = std::fs::remove_file(path);
     }
 }
+
+#[test]
+fn the_time_between_two_appended_runs_is_shown_as_not_recorded() {
+    require_root();
+    let worker = TestCgroup::new("rec-gap");
+    let out = temp_file("gap.jsonl");
+    let pattern = format!("*workerprobe-test-{}-rec-gap", std::process::id());
+    // Wakes every 50 ms, so it is active in every tick of both runs, at almost no CPU.
+    let mut napper = worker.spawn_workload(&["nap", "100000", "50"]);
+    for append in [false, true] {
+        let mut args = vec![
+            "--interval",
+            "200ms",
+            "--duration",
+            "1s",
+            "--workers",
+            &pattern,
+        ];
+        if append {
+            args.push("--append");
+        }
+        let agent = start_record(&out, &args);
+        assert!(agent.wait_with_output().expect("wait").status.success());
+        // No agent for a while: the worker runs on, unrecorded.
+        std::thread::sleep(Duration::from_millis(if append { 0 } else { 800 }));
+    }
+    let _ = napper.kill();
+    let _ = napper.wait();
+    let lines = read_lines(&out);
+    let ns = |line: &serde_json::Value, pointer: &str| {
+        line.pointer(pointer)
+            .and_then(|v| v.as_u64())
+            .expect(pointer) as f64
+            / 1e9
+    };
+    let ticks: Vec<&serde_json::Value> = lines.iter().filter(|l| l["type"] == "tick").collect();
+    let headers: Vec<&serde_json::Value> = lines.iter().filter(|l| l["type"] == "header").collect();
+    assert_eq!(headers.len(), 2, "two runs");
+    // The gap as the recording has it: from the first run's last tick to the second's first.
+    let second_start = ns(headers[1], "/run_started/monotonic_ns");
+    let first_end = ticks
+        .iter()
+        .map(|t| ns(t, "/end/monotonic_ns"))
+        .filter(|&end| end < second_start)
+        .fold(f64::MIN, f64::max);
+    let resumed = ticks
+        .iter()
+        .map(|t| ns(t, "/start/monotonic_ns"))
+        .filter(|&start| start >= second_start)
+        .fold(f64::MAX, f64::min);
+    let origin = ns(ticks[0], "/start/monotonic_ns");
+    let (gap_from, gap_to) = (first_end - origin, resumed - origin);
+    assert!(gap_to - gap_from >= 0.8, "a gap of {} s", gap_to - gap_from);
+
+    let report_path = temp_file("gap.html");
+    let report = Command::new(workerprobe_path())
+        .args(["report", out.to_str().expect("utf-8"), "--out"])
+        .arg(&report_path)
+        .output()
+        .expect("run workerprobe report");
+    assert!(report.status.success(), "{}", stderr_of(&report));
+    let page = std::fs::read_to_string(&report_path).expect("report");
+    let row = page
+        .split("<dt>not recorded</dt><dd>")
+        .nth(1)
+        .and_then(|rest| rest.split("</dd>").next())
+        .expect("a not recorded row");
+    // The picture's stretch is the recording's, to the ms it prints.
+    let (from, to) = row
+        .split_once(' ')
+        .and_then(|(span, _)| span.split_once("s–"))
+        .map(|(from, to)| {
+            (
+                from.parse::<f64>().expect("from"),
+                to.trim_end_matches('s').parse::<f64>().expect("to"),
+            )
+        })
+        .unwrap_or_else(|| panic!("no stretch in {row:?}"));
+    assert!(
+        (from - gap_from).abs() < 0.002 && (to - gap_to).abs() < 0.002,
+        "shown {from}–{to} s, recorded {gap_from}–{gap_to} s"
+    );
+    let _ = std::fs::remove_file(&out);
+    let _ = std::fs::remove_file(&report_path);
+}

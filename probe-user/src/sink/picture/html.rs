@@ -169,6 +169,13 @@ pub fn render(picture: &Picture, svg: &str) -> String {
             "tick".into(),
             format!("{} s", format_seconds(picture.interval_seconds)),
         ),
+        (
+            "not recorded".into(),
+            picture.unrecorded_text().map_or_else(
+                || "nothing: the agent ran throughout".to_owned(),
+                |gaps| format!("{gaps} (no agent ran; the plots' lines break there)"),
+            ),
+        ),
         ("workers".into(), picture.workers.len().to_string()),
         (
             "recorded by".into(),

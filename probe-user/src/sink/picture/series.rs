@@ -62,6 +62,8 @@ pub struct NodeView {
     /// Its wall clock at its worst in the recording (headers and clock lines): unsynchronised
     /// if it ever was, and the largest error it allowed; `None` where never measured.
     pub worst_clock: Option<crate::clock::ClockQuality>,
+    /// Stretches (seconds from time 0) between its agent's runs, when nothing was recorded.
+    pub unrecorded: Vec<(f64, f64)>,
 }
 
 impl NodeView {
@@ -325,6 +327,38 @@ impl Picture {
             .collect()
     }
 
+    /// The stretches of `worker`'s node when nothing was recorded.
+    pub fn unrecorded_of(&self, worker: &WorkerSeries) -> &[(f64, f64)] {
+        self.nodes
+            .iter()
+            .find(|node| node.name() == worker.node)
+            .map_or(&[], |node| &node.unrecorded)
+    }
+
+    /// Every node's unrecorded stretches in words (`node-a 3.0s–5.5s`), for a caption.
+    pub fn unrecorded_text(&self) -> Option<String> {
+        let several = self.nodes.len() > 1;
+        let parts: Vec<String> = self
+            .nodes
+            .iter()
+            .flat_map(|node| {
+                node.unrecorded.iter().map(move |&(from, to)| {
+                    let span = format!(
+                        "{}s–{}s",
+                        super::format_seconds(from),
+                        super::format_seconds(to)
+                    );
+                    if several {
+                        format!("{} {span}", node.name())
+                    } else {
+                        span
+                    }
+                })
+            })
+            .collect();
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+
     /// The node names, joined for a title.
     pub fn node_names(&self) -> String {
         self.nodes
@@ -549,7 +583,13 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
             .points
             .sort_by(|a, b| a.start_seconds.total_cmp(&b.start_seconds));
     }
-    let nodes = node_views(recording);
+    let mut nodes = node_views(recording);
+    for node in &mut nodes {
+        node.unrecorded = unrecorded_of(recording, node.facts.display_name(), seconds_in)
+            .into_iter()
+            .filter(|&(from, to)| to > from_seconds && from < to_seconds)
+            .collect();
+    }
     disambiguate_labels(&mut builders, nodes.len() > 1);
     // Grouped under their node, in the nodes' order; by start within each.
     let rank = |node: &str| nodes.iter().position(|view| view.name() == node);
@@ -604,6 +644,7 @@ fn node_views(recording: &Recording) -> Vec<NodeView> {
                 views.push(NodeView {
                     facts: facts.clone(),
                     worst_clock: None,
+                    unrecorded: Vec::new(),
                 });
                 views.len() - 1
             }
@@ -733,14 +774,29 @@ fn exit_row(node: &str, exit: &ExitLine, seconds_of: impl Fn(u64) -> f64) -> Exi
     }
 }
 
-/// A per-tick value as a staircase of (seconds, value) points: level over each tick,
-/// dropping to 0 across a gap (ticks the worker was not active in, when it did nothing).
-pub fn steps(points: &[TickPoint], value: impl Fn(&TickPoint) -> f64) -> Vec<(f64, f64)> {
+/// A per-tick value as staircases of (seconds, value) points: level over each tick,
+/// dropping to 0 across a gap in the worker's ticks (ticks it was not active in, when it did
+/// nothing), and broken, not dropped, across a stretch of `unrecorded` time (no agent ran:
+/// nothing is known there).
+pub fn steps(
+    points: &[TickPoint],
+    unrecorded: &[(f64, f64)],
+    value: impl Fn(&TickPoint) -> f64,
+) -> Vec<Vec<(f64, f64)>> {
+    let mut lines = Vec::new();
     let mut out = Vec::with_capacity(points.len() * 2 + 2);
     let mut previous_end: Option<f64> = None;
     for point in points {
         let level = value(point);
         match previous_end {
+            Some(end)
+                if unrecorded.iter().any(|&(from, to)| {
+                    from >= end - CONTIGUOUS_SECONDS
+                        && to <= point.start_seconds + CONTIGUOUS_SECONDS
+                }) =>
+            {
+                lines.push(std::mem::take(&mut out));
+            }
             Some(end) if point.start_seconds - end > CONTIGUOUS_SECONDS => {
                 out.push((end, 0.0));
                 out.push((point.start_seconds, 0.0));
@@ -754,15 +810,68 @@ pub fn steps(points: &[TickPoint], value: impl Fn(&TickPoint) -> f64) -> Vec<(f6
     }
     if let Some(end) = previous_end {
         out.push((end, 0.0));
+        lines.push(out);
     }
-    out
+    lines
+}
+
+/// The stretches (seconds from time 0) between one run of a node's agent and its next, where
+/// nothing was recorded: an agent restart, or runs appended to one file.
+fn unrecorded_of(
+    recording: &Recording,
+    node: &str,
+    seconds_in: impl Fn(&Segment, u64) -> f64,
+) -> Vec<(f64, f64)> {
+    // Each run's span, from its first tick's start to its last tick's end (its parts after a
+    // rotation continue it).
+    let mut spans: Vec<(String, f64, f64)> = Vec::new();
+    for segment in recording
+        .segments
+        .iter()
+        .filter(|segment| segment.header.node.display_name() == node)
+    {
+        let (Some(first), Some(last)) = (segment.ticks.first(), segment.ticks.last()) else {
+            continue;
+        };
+        let span = (
+            seconds_in(segment, first.start.monotonic_ns),
+            seconds_in(segment, last.end.monotonic_ns),
+        );
+        let run = segment.header.run_started.time.clone();
+        match spans.iter_mut().find(|(known, _, _)| *known == run) {
+            Some((_, from, to)) => {
+                *from = from.min(span.0);
+                *to = to.max(span.1);
+            }
+            None => spans.push((run, span.0, span.1)),
+        }
+    }
+    spans.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut gaps = Vec::new();
+    let mut covered_to = f64::NEG_INFINITY;
+    for (_, from, to) in spans {
+        if covered_to.is_finite() && from - covered_to > CONTIGUOUS_SECONDS {
+            gaps.push((covered_to, from));
+        }
+        covered_to = covered_to.max(to);
+    }
+    gaps
 }
 
 /// Memory readings as lines of (seconds, bytes) at each tick's end, broken where a reading
-/// is missing.
-pub fn memory_lines(points: &[TickPoint]) -> Vec<Vec<(f64, f64)>> {
+/// is missing and across `unrecorded` stretches.
+pub fn memory_lines(points: &[TickPoint], unrecorded: &[(f64, f64)]) -> Vec<Vec<(f64, f64)>> {
     let mut lines: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+    let mut previous_end: Option<f64> = None;
     for point in points {
+        if let Some(end) = previous_end
+            && unrecorded.iter().any(|&(from, to)| {
+                from >= end - CONTIGUOUS_SECONDS && to <= point.start_seconds + CONTIGUOUS_SECONDS
+            })
+        {
+            lines.push(Vec::new());
+        }
+        previous_end = Some(point.end_seconds);
         match point.memory_bytes {
             Some(bytes) => {
                 if let Some(line) = lines.last_mut() {
@@ -1005,9 +1114,10 @@ pub(crate) mod tests {
     fn steps_drop_to_zero_across_gaps() {
         let picture = build(&sample(), &everything(), "r").expect("builds");
         let w2 = &picture.workers[1];
-        let line = steps(&w2.points, |p| p.send_bytes_per_second);
+        let lines = steps(&w2.points, &[], |p| p.send_bytes_per_second);
+        assert_eq!(lines.len(), 1, "one line across a worker's own gap");
         assert_eq!(
-            line,
+            lines[0],
             vec![
                 (1.0, 0.0),
                 (1.0, 1000.0),
@@ -1021,7 +1131,7 @@ pub(crate) mod tests {
         );
         let mut points = w2.points.clone();
         points[0].memory_bytes = None;
-        assert_eq!(memory_lines(&points), vec![vec![(4.0, 2000.0)]]);
+        assert_eq!(memory_lines(&points, &[]), vec![vec![(4.0, 2000.0)]]);
     }
 
     /// `line` as node `node`'s: a header renamed (its run `wall_shift_s` later on the wall
@@ -1092,5 +1202,55 @@ pub(crate) mod tests {
         .expect("builds");
         assert!(alone.clock_caveats().is_empty());
         assert_eq!(alone.workers[0].label, "w1");
+    }
+
+    #[test]
+    fn time_between_two_runs_is_not_recorded_and_breaks_the_lines() {
+        // A run of ticks 1–2 (0–2 s), then the agent is gone until a second run's ticks at
+        // 5–6 s (appended to the same file: a header with a later run start).
+        let second_run = {
+            let mut value: serde_json::Value = serde_json::from_str(&header()).unwrap();
+            for moment in ["started", "run_started"] {
+                value[moment]["monotonic_ns"] = json!(5_000_000_000_u64);
+                value[moment]["wall_unix_ns"] = json!(9_000_000_000_u64);
+                value[moment]["time"] = json!("t4");
+            }
+            value.to_string()
+        };
+        let lines = vec![
+            header(),
+            tick(1, 1, 1, 0.5, 0),
+            tick(2, 1, 2, 0.5, 0),
+            second_run,
+            tick(1, 1, 5, 0.25, 0),
+            tick(2, 1, 6, 0.25, 0),
+        ];
+        let picture = build(&recording(&lines), &everything(), "r").expect("builds");
+        assert_eq!(picture.nodes[0].unrecorded, [(2.0, 4.0)]);
+        assert_eq!(picture.unrecorded_text().as_deref(), Some("2s–4s"));
+        let worker = &picture.workers[0];
+        let lines = steps(&worker.points, picture.unrecorded_of(worker), |p| p.cores);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(
+            lines[0].last(),
+            Some(&(2.0, 0.5)),
+            "the first run's line ends in the air"
+        );
+        assert_eq!(
+            lines[1].first(),
+            Some(&(4.0, 0.25)),
+            "the second starts where it resumed"
+        );
+        assert_eq!(
+            memory_lines(&worker.points, picture.unrecorded_of(worker)).len(),
+            2
+        );
+        // Without the second run, nothing is missing.
+        let one_run = build(&recording(&lines_of_one_run()), &everything(), "r").expect("builds");
+        assert!(one_run.unrecorded_text().is_none());
+    }
+
+    fn lines_of_one_run() -> Vec<String> {
+        vec![header(), tick(1, 1, 1, 0.5, 0), tick(2, 1, 2, 0.5, 0)]
     }
 }

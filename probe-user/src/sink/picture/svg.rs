@@ -142,13 +142,17 @@ pub fn render(picture: &Picture, options: &SvgOptions) -> anyhow::Result<String>
                 )
             };
             let lines = |worker: &WorkerSeries| {
-                vec![steps(&worker.points, |point: &TickPoint| {
-                    if options.per_cpu {
-                        point.cores_per_cpu.get(cpu).copied().unwrap_or(0.0)
-                    } else {
-                        point.cores
-                    }
-                })]
+                steps(
+                    &worker.points,
+                    picture.unrecorded_of(worker),
+                    |point: &TickPoint| {
+                        if options.per_cpu {
+                            point.cores_per_cpu.get(cpu).copied().unwrap_or(0.0)
+                        } else {
+                            point.cores
+                        }
+                    },
+                )
             };
             draw_lines(
                 &panel,
@@ -171,6 +175,7 @@ pub fn render(picture: &Picture, options: &SvgOptions) -> anyhow::Result<String>
         rest = below;
         draw_breakdown(
             &breakdown,
+            picture,
             x_range.clone(),
             &shown,
             picture.measured.delays,
@@ -192,7 +197,9 @@ pub fn render(picture: &Picture, options: &SvgOptions) -> anyhow::Result<String>
             &shown,
             &|worker| {
                 if picture.measured.net {
-                    vec![steps(&worker.points, |point| point.send_bytes_per_second)]
+                    steps(&worker.points, picture.unrecorded_of(worker), |point| {
+                        point.send_bytes_per_second
+                    })
                 } else {
                     Vec::new()
                 }
@@ -214,9 +221,9 @@ pub fn render(picture: &Picture, options: &SvgOptions) -> anyhow::Result<String>
             &shown,
             &|worker| {
                 if picture.measured.net {
-                    vec![steps(&worker.points, |point| {
+                    steps(&worker.points, picture.unrecorded_of(worker), |point| {
                         point.receive_bytes_per_second
-                    })]
+                    })
                 } else {
                     Vec::new()
                 }
@@ -235,7 +242,7 @@ pub fn render(picture: &Picture, options: &SvgOptions) -> anyhow::Result<String>
             },
             x_range,
             &shown,
-            &|worker| memory_lines(&worker.points),
+            &|worker| memory_lines(&worker.points, picture.unrecorded_of(worker)),
             &mut markers,
         )?;
         root.present()?;
@@ -303,6 +310,10 @@ fn draw_title(area: &Area, picture: &Picture) -> Drawn {
             format_bytes(node.memory_bytes as f64),
             picture.origin_time,
         )
+    };
+    let facts = match picture.unrecorded_text() {
+        Some(gaps) => format!("{facts} Not recorded (no agent ran; lines break there): {gaps}."),
+        None => facts,
     };
     area.draw_text(&facts, &text_style(13), (12, 38))?;
     Ok(())
@@ -543,6 +554,7 @@ fn draw_lines(
 /// a CPU, blocked on I/O and asleep, tick by tick.
 fn draw_breakdown(
     area: &Area,
+    picture: &Picture,
     x_range: std::ops::Range<f64>,
     shown: &[&WorkerSeries],
     measured: bool,
@@ -601,10 +613,12 @@ fn draw_breakdown(
             reason => p.wait_shares[reason - 2],
         };
         for (index, (_, color)) in BREAKDOWN.iter().enumerate().rev() {
-            let line = steps(&worker.points, |point| {
+            let lines = steps(&worker.points, picture.unrecorded_of(worker), |point| {
                 (0..=index).map(|i| layer(point, i)).sum::<f64>() * 100.0
             });
-            chart.draw_series(AreaSeries::new(line, 0.0, color.filled()))?;
+            for line in lines {
+                chart.draw_series(AreaSeries::new(line, 0.0, color.filled()))?;
+            }
         }
         markers.end(cell)?;
     }
