@@ -108,7 +108,8 @@ fn the_daemonsets_container_runs_here_answers_healthz_and_sees_the_node() {
         .expect("a liveness probe");
 
     // The pod: a cgroup of its own and its own cgroup and mount namespaces (as runc gives
-    // on cgroup2: its own cgroup2 mount on /sys/fs/cgroup), the host's hierarchy mounted where the manifest's volume says (under a
+    // on cgroup2: its own cgroup2 mount on /sys/fs/cgroup, in place of the host's, which the
+    // kernel will not stack on itself), the host's hierarchy mounted where the manifest's volume says (under a
     // scratch root, since this host's root may be read-only), only the capabilities added.
     let mount = &container["volumeMounts"]
         .as_array()
@@ -128,7 +129,8 @@ fn the_daemonsets_container_runs_here_answers_healthz_and_sees_the_node() {
         .join(",");
     let script = format!(
         "echo $$ > {pod}/cgroup.procs && exec unshare --cgroup --mount --propagation private sh -c '\
-         mount --bind -o ro {host} {volume} && mount -t cgroup2 none /sys/fs/cgroup && \
+         mount --bind -o ro {host} {volume} && umount -l /sys/fs/cgroup && \
+         mount -t cgroup2 cgroup2 /sys/fs/cgroup && \
          exec setpriv --bounding-set -all,{caps} \"$0\" \"$@\"' {agent} {args}",
         pod = pod_cgroup.dir.display(),
         host = host_cgroup2.display(),

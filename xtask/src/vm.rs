@@ -134,6 +134,9 @@ pub const VM_TESTS: &[VmTest] = &[
     plain("workers"),
     plain("restart"),
     plain("privileges"),
+    // The DaemonSet's container in a pod-like cgroup namespace: pure cgroup2 is what real
+    // nodes have.
+    plain("deploy"),
     // The churn of 10,000 workers takes minutes under emulation and tests the agent's own
     // bookkeeping, the same on every kernel: host only.
     VmTest {
