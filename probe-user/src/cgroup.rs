@@ -29,6 +29,12 @@ pub fn find_cgroup2_mount() -> Result<PathBuf, UserError> {
 /// hierarchy bind-mounted in (as the DaemonSet mounts it) has root `/../..`: above the
 /// namespace's root, the whole node. A mount of a subtree (`/kubepods`) sees less than `/`.
 pub fn parse_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    parse_cgroup2_mount_entry(mountinfo).map(|(mount_point, _)| mount_point)
+}
+
+/// The chosen cgroup2 entry (see [`parse_cgroup2_mount`]): its mount point and its root, as
+/// mountinfo gives it relative to the reader's cgroup namespace (`/`, `/..`, `/kubepods`).
+fn parse_cgroup2_mount_entry(mountinfo: &str) -> Option<(PathBuf, String)> {
     // (mount point, file system type, root) of every entry, in mount order.
     let entries: Vec<(PathBuf, &str, &str)> = mountinfo
         .lines()
@@ -40,7 +46,7 @@ pub fn parse_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
             Some((mount_point, after.split_whitespace().next()?, root))
         })
         .collect();
-    let mut best: Option<(i64, &PathBuf)> = None;
+    let mut best: Option<(i64, &PathBuf, &str)> = None;
     for (index, (mount_point, fstype, root)) in entries.iter().enumerate() {
         // A mount a later one covers (at its place or above it) cannot be reached.
         let covered = entries[index + 1..]
@@ -52,11 +58,38 @@ pub fn parse_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
         let parts: Vec<&str> = root.split('/').filter(|part| !part.is_empty()).collect();
         let above = parts.iter().take_while(|part| **part == "..").count();
         let width = above as i64 - (parts.len() - above) as i64;
-        if best.is_none_or(|(widest, _)| width > widest) {
-            best = Some((width, mount_point));
+        if best.as_ref().is_none_or(|(widest, _, _)| width > *widest) {
+            best = Some((width, mount_point, root));
         }
     }
-    best.map(|(_, mount_point)| mount_point.clone())
+    best.map(|(_, mount_point, root)| (mount_point.clone(), unescape_mountinfo(root)))
+}
+
+/// A path from `/proc/<tid>/cgroup` (relative to this process's cgroup namespace) as a path
+/// under a mount whose root is `mount_root` (relative to the same namespace); `None` when it
+/// lies outside that mount. In a pod, the host's hierarchy mounted in has root `/..` and a
+/// worker outside the pod reads `/../w`: `/w` under the mount.
+pub fn path_under_mount(proc_path: &str, mount_root: &str) -> Option<String> {
+    let parts = |path: &str| -> Vec<String> {
+        path.split('/')
+            .filter(|part| !part.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let (path, root) = (parts(proc_path), parts(mount_root));
+    let rest = path.strip_prefix(root.as_slice())?;
+    Some(format!("/{}", rest.join("/")))
+}
+
+/// The root of the cgroup2 mount the agent uses, read once (mounts do not change under it).
+fn cgroup2_mount_root() -> &'static str {
+    static ROOT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        fs::read_to_string("/proc/self/mountinfo")
+            .ok()
+            .and_then(|mountinfo| parse_cgroup2_mount_entry(&mountinfo))
+            .map_or_else(|| "/".to_owned(), |(_, root)| root)
+    })
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
@@ -320,9 +353,11 @@ pub fn read_thread_runtime_ns(tid: u32) -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
-/// A thread's cgroup2 path (relative to the mount) from `/proc/<tid>/cgroup`.
+/// A thread's cgroup2 path (relative to the mount) from `/proc/<tid>/cgroup`, translated from
+/// this process's cgroup namespace to the mount's root (they differ in a pod).
 pub fn read_thread_cgroup2_path(tid: u32) -> Option<String> {
-    parse_cgroup2_membership(&fs::read_to_string(format!("/proc/{tid}/cgroup")).ok()?)
+    let path = parse_cgroup2_membership(&fs::read_to_string(format!("/proc/{tid}/cgroup")).ok()?)?;
+    path_under_mount(&path, cgroup2_mount_root())
 }
 
 /// The path of the `0::<path>` line of a `/proc/<pid>/cgroup` text.
@@ -474,6 +509,21 @@ mod tests {
             parse_cgroup2_mount(covered),
             Some(PathBuf::from("/host/sys/fs/cgroup"))
         );
+        assert_eq!(
+            parse_cgroup2_mount_entry(covered)
+                .map(|(_, root)| root)
+                .as_deref(),
+            Some("/..")
+        );
+        // A thread outside the pod, as the pod's /proc shows it, under that mount.
+        assert_eq!(path_under_mount("/../w/x", "/..").as_deref(), Some("/w/x"));
+        assert_eq!(path_under_mount("/w", "/").as_deref(), Some("/w"));
+        assert_eq!(path_under_mount("/", "/").as_deref(), Some("/"));
+        assert_eq!(
+            path_under_mount("/kubepods/p1", "/kubepods").as_deref(),
+            Some("/p1")
+        );
+        assert_eq!(path_under_mount("/other", "/kubepods"), None);
         let subtree_first = "1502 1400 0:26 /kubepods.slice /mnt/pods ro - cgroup2 cgroup2 rw\n1500 1400 0:26 / /sys/fs/cgroup ro - cgroup2 cgroup rw\n";
         assert_eq!(
             parse_cgroup2_mount(subtree_first),

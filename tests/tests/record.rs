@@ -660,18 +660,21 @@ fn the_time_between_two_appended_runs_is_shown_as_not_recorded() {
     let ticks: Vec<&serde_json::Value> = lines.iter().filter(|l| l["type"] == "tick").collect();
     let headers: Vec<&serde_json::Value> = lines.iter().filter(|l| l["type"] == "header").collect();
     assert_eq!(headers.len(), 2, "two runs");
-    // The gap as the recording has it: from the first run's last tick to the second's first.
-    let second_start = ns(headers[1], "/run_started/monotonic_ns");
-    let first_end = ticks
+    // The gap as the recording has it: from the last moment the first run wrote (a tick's
+    // end, a clock reading) to the second run's start.
+    let second_at = lines
         .iter()
-        .map(|t| ns(t, "/end/monotonic_ns"))
-        .filter(|&end| end < second_start)
+        .position(|line| line["type"] == "header" && line["part"] == 0 && line != &lines[0])
+        .expect("the second run's header");
+    let first_end = lines[..second_at]
+        .iter()
+        .filter_map(|line| match line["type"].as_str() {
+            Some("tick") => Some(ns(line, "/end/monotonic_ns")),
+            Some("clock") => Some(ns(line, "/at/monotonic_ns")),
+            _ => None,
+        })
         .fold(f64::MIN, f64::max);
-    let resumed = ticks
-        .iter()
-        .map(|t| ns(t, "/start/monotonic_ns"))
-        .filter(|&start| start >= second_start)
-        .fold(f64::MAX, f64::min);
+    let resumed = ns(headers[1], "/started/monotonic_ns");
     let origin = ns(ticks[0], "/start/monotonic_ns");
     let (gap_from, gap_to) = (first_end - origin, resumed - origin);
     assert!(gap_to - gap_from >= 0.8, "a gap of {} s", gap_to - gap_from);

@@ -82,6 +82,8 @@ pub fn merge<R: BufRead>(
     let mut summary = MergeSummary::default();
     // Per node: the input its lines last came from, and that input's host.
     let mut source_of: HashMap<String, usize> = HashMap::new();
+    // (node, input) whose run of that node another input's run took over, by that input.
+    let mut closed: HashMap<(String, usize), usize> = HashMap::new();
     let mut host_of: HashMap<String, (String, usize)> = HashMap::new();
     // The input whose next line is earliest (the first given, on a tie).
     let earliest = |streams: &[Stream<R>]| {
@@ -94,15 +96,23 @@ pub fn merge<R: BufRead>(
     };
     while let Some(index) = earliest(&streams) {
         let pending = streams[index].next.take().expect("chosen for its line");
-        if let Some(previous) = source_of.insert(pending.node.clone(), index)
-            && previous != index
-            && streams[previous].next.is_some()
-        {
+        // A node's run is one input's: once another input's run of that node has begun, a
+        // further line of the earlier run means both ran at once (a reader could not tell
+        // their lines apart). A new run (a header) may come from any input.
+        let key = (pending.node.clone(), index);
+        if pending.host.is_some() {
+            closed.remove(&key);
+        } else if let Some(&taker) = closed.get(&key) {
             return Err(node_twice(
                 &pending.node,
-                &streams[previous].name,
                 &streams[index].name,
+                &streams[taker].name,
             ));
+        }
+        if let Some(previous) = source_of.insert(pending.node.clone(), index)
+            && previous != index
+        {
+            closed.insert((pending.node.clone(), previous), index);
         }
         if let Some(host) = &pending.host {
             match host_of.get(&pending.node) {
@@ -152,8 +162,14 @@ impl<R: BufRead> Stream<R> {
             next: None,
             skipped_lines: 0,
         };
-        let whole = next_line(&mut stream.reader, &mut stream.buffer)
-            .with_context(|| format!("reading the recording {}", stream.name))?;
+        // Blank lines before the header are skipped, as the reader skips them.
+        let whole = loop {
+            let whole = next_line(&mut stream.reader, &mut stream.buffer)
+                .with_context(|| format!("reading the recording {}", stream.name))?;
+            if whole.is_none() || !stream.buffer.trim_ascii().is_empty() {
+                break whole;
+            }
+        };
         let text = stream.buffer.trim_ascii().to_vec();
         // An empty file is refused as the reader refuses it: not a recording.
         let header = first_header(&stream.name, &text, whole.unwrap_or(false))?;
@@ -345,6 +361,22 @@ mod tests {
         let other_host = [header("n", "elsewhere", 500, 600), tick(501, 1)].join("\n");
         let err = run(&[("x.jsonl", first.clone()), ("z.jsonl", other_host)]).unwrap_err();
         assert!(err.to_string().contains("both hold node `n`"), "{err}");
+        // Runs 1 and 3 in one file, run 2 in another: in turn, fine.
+        let one_and_three = [
+            header("n", "h", 0, 100),
+            tick(1, 1),
+            header("n", "h", 20, 140),
+            tick(21, 1),
+        ]
+        .join("\n");
+        let two = ["".to_owned(), header("n", "h", 10, 120), tick(11, 1)].join("\n");
+        let (_, lines) = run(&[("odd.jsonl", one_and_three), ("even.jsonl", two)]).unwrap();
+        let walls: Vec<i128> = lines
+            .iter()
+            .filter(|line| line["type"] == "header")
+            .map(|line| i128::from(line["run_started"]["wall_unix_ns"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(walls, [100, 120, 140].map(|s| s * 1_000_000_000));
         // The same node's next run, in another file (a rotated part, a restart): fine.
         let later = [header("n", "h", 10, 110), tick(11, 1)].join("\n");
         let (summary, lines) = run(&[("later.jsonl", later), ("x.jsonl", first)]).unwrap();

@@ -788,21 +788,31 @@ pub fn steps(
     let mut previous_end: Option<f64> = None;
     for point in points {
         let level = value(point);
-        match previous_end {
-            Some(end)
-                if unrecorded.iter().any(|&(from, to)| {
-                    from >= end - CONTIGUOUS_SECONDS
-                        && to <= point.start_seconds + CONTIGUOUS_SECONDS
-                }) =>
-            {
+        let stretch = previous_end.and_then(|end| {
+            unrecorded.iter().copied().find(|&(from, to)| {
+                from >= end - CONTIGUOUS_SECONDS && to <= point.start_seconds + CONTIGUOUS_SECONDS
+            })
+        });
+        match (previous_end, stretch) {
+            (Some(end), Some((from, to))) => {
+                // Recorded idle time on either side of the stretch is 0; the stretch itself
+                // is unknown.
+                if from - end > CONTIGUOUS_SECONDS {
+                    out.push((end, 0.0));
+                    out.push((from, 0.0));
+                }
                 lines.push(std::mem::take(&mut out));
+                if point.start_seconds - to > CONTIGUOUS_SECONDS {
+                    out.push((to, 0.0));
+                    out.push((point.start_seconds, 0.0));
+                }
             }
-            Some(end) if point.start_seconds - end > CONTIGUOUS_SECONDS => {
+            (Some(end), None) if point.start_seconds - end > CONTIGUOUS_SECONDS => {
                 out.push((end, 0.0));
                 out.push((point.start_seconds, 0.0));
             }
-            None => out.push((point.start_seconds, 0.0)),
-            Some(_) => {}
+            (None, _) => out.push((point.start_seconds, 0.0)),
+            (Some(_), None) => {}
         }
         out.push((point.start_seconds, level));
         out.push((point.end_seconds, level));
@@ -822,22 +832,37 @@ fn unrecorded_of(
     node: &str,
     seconds_in: impl Fn(&Segment, u64) -> f64,
 ) -> Vec<(f64, f64)> {
-    // Each run's span, from its first tick's start to its last tick's end (its parts after a
-    // rotation continue it).
-    let mut spans: Vec<(String, f64, f64)> = Vec::new();
+    // Each run's span: from its start (its header's; a tick's start where the first tick
+    // came earlier) to the last moment it wrote anything (a tick's end, a clock reading, an
+    // exit). An idle agent writes no ticks, so a run may have lasted longer than its span
+    // says: the unrecorded stretch is where nothing shows it ran. Rotated parts continue it.
+    let mut spans: Vec<((u64, u64), f64, f64)> = Vec::new();
     for segment in recording
         .segments
         .iter()
         .filter(|segment| segment.header.node.display_name() == node)
     {
-        let (Some(first), Some(last)) = (segment.ticks.first(), segment.ticks.last()) else {
-            continue;
-        };
-        let span = (
-            seconds_in(segment, first.start.monotonic_ns),
-            seconds_in(segment, last.end.monotonic_ns),
-        );
-        let run = segment.header.run_started.time.clone();
+        let started = seconds_in(segment, segment.header.started.monotonic_ns);
+        let first = segment
+            .ticks
+            .first()
+            .map_or(started, |tick| seconds_in(segment, tick.start.monotonic_ns));
+        let last = segment
+            .ticks
+            .iter()
+            .map(|tick| tick.end.monotonic_ns)
+            .chain(segment.clocks.iter().map(|line| line.at.monotonic_ns))
+            .chain(
+                segment
+                    .exits
+                    .iter()
+                    .filter_map(|exit| moment_ns(exit, "end")),
+            )
+            .max()
+            .map_or(started, |ns| seconds_in(segment, ns));
+        let span = (started.min(first), last.max(started));
+        let run = &segment.header.run_started;
+        let run = (run.monotonic_ns, run.wall_unix_ns);
         match spans.iter_mut().find(|(known, _, _)| *known == run) {
             Some((_, from, to)) => {
                 *from = from.min(span.0);
@@ -1245,6 +1270,31 @@ pub(crate) mod tests {
             memory_lines(&worker.points, picture.unrecorded_of(worker)).len(),
             2
         );
+        // Idle recorded time on either side of the stretch is drawn at 0 up to it.
+        let idle_around = vec![
+            lines_of_one_run()[0].clone(),
+            tick(1, 1, 1, 0.5, 0),
+            tick(2, 2, 2, 0.5, 0),
+            lines_of_one_run()[0]
+                .replace("\"monotonic_ns\":1000000000", "\"monotonic_ns\":5000000000")
+                .replace("\"wall_unix_ns\":5000000000", "\"wall_unix_ns\":9000000000"),
+            tick(1, 2, 5, 0.25, 0),
+            tick(2, 1, 6, 0.25, 0),
+        ];
+        let picture = build(&recording(&idle_around), &everything(), "r").expect("builds");
+        assert_eq!(picture.nodes[0].unrecorded, [(2.0, 4.0)]);
+        let w1 = picture
+            .workers
+            .iter()
+            .find(|w| w.cgroup_id == 1)
+            .expect("w1");
+        let lines = steps(&w1.points, picture.unrecorded_of(w1), |p| p.cores);
+        assert_eq!(
+            lines[0][lines[0].len() - 2..],
+            [(1.0, 0.0), (2.0, 0.0)],
+            "{lines:?}"
+        );
+        assert_eq!(lines[1][..2], [(4.0, 0.0), (5.0, 0.0)], "{lines:?}");
         // Without the second run, nothing is missing.
         let one_run = build(&recording(&lines_of_one_run()), &everything(), "r").expect("builds");
         assert!(one_run.unrecorded_text().is_none());
