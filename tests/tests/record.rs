@@ -69,6 +69,20 @@ fn stderr_of(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// Runs `workerprobe COMMAND RECORDING --out OUT` (trace, report), which must succeed, and
+/// returns what it wrote.
+fn picture(command: &str, recording: &Path, out: &Path) -> String {
+    let output = Command::new(workerprobe_path())
+        .arg(command)
+        .arg(recording)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap_or_else(|err| panic!("run workerprobe {command}: {err}"));
+    assert!(output.status.success(), "{command}: {}", stderr_of(&output));
+    std::fs::read_to_string(out).unwrap_or_else(|err| panic!("read {}: {err}", out.display()))
+}
+
 #[test]
 fn a_recording_killed_mid_run_holds_only_whole_lines() {
     require_root();
@@ -519,14 +533,8 @@ fn two_nodes_recordings_merge_into_one_timeline_with_each_nodes_workers_and_cloc
     // The trace: a process per node, every worker once under its node, its CPU the
     // kernel's (cpu.stat) and its recording's last total.
     let trace_path = temp_file("fleet.json");
-    let trace = Command::new(workerprobe_path())
-        .args(["trace", fleet.to_str().expect("utf-8"), "--out"])
-        .arg(&trace_path)
-        .output()
-        .expect("run workerprobe trace");
-    assert!(trace.status.success(), "{}", stderr_of(&trace));
     let document: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&trace_path).expect("trace")).expect("json");
+        serde_json::from_str(&picture("trace", &fleet, &trace_path)).expect("json");
     let events = document["traceEvents"].as_array().expect("events");
     let process = |name: &str| {
         events
@@ -598,13 +606,7 @@ fn two_nodes_recordings_merge_into_one_timeline_with_each_nodes_workers_and_cloc
 
     // The report names both nodes and says how far their times may be off.
     let report_path = temp_file("fleet.html");
-    let report = Command::new(workerprobe_path())
-        .args(["report", fleet.to_str().expect("utf-8"), "--out"])
-        .arg(&report_path)
-        .output()
-        .expect("run workerprobe report");
-    assert!(report.status.success(), "{}", stderr_of(&report));
-    let page = std::fs::read_to_string(&report_path).expect("report");
+    let page = picture("report", &fleet, &report_path);
     assert!(
         page.contains("node node-a") && page.contains("node node-b"),
         "{page}"
@@ -680,13 +682,7 @@ fn the_time_between_two_appended_runs_is_shown_as_not_recorded() {
     assert!(gap_to - gap_from >= 0.8, "a gap of {} s", gap_to - gap_from);
 
     let report_path = temp_file("gap.html");
-    let report = Command::new(workerprobe_path())
-        .args(["report", out.to_str().expect("utf-8"), "--out"])
-        .arg(&report_path)
-        .output()
-        .expect("run workerprobe report");
-    assert!(report.status.success(), "{}", stderr_of(&report));
-    let page = std::fs::read_to_string(&report_path).expect("report");
+    let page = picture("report", &out, &report_path);
     let row = page
         .split("<dt>not recorded</dt><dd>")
         .nth(1)

@@ -127,6 +127,40 @@ const WAITS: &[Variant] = &[Variant {
     ],
 }];
 
+/// A variant of fexit on the IPv4, IPv6 and unix protocols' `sendmsg` and `recvmsg`, with
+/// more needs and programs after them: those lists are written once for the variants with
+/// and without `sendpage`.
+macro_rules! sendmsg_variant {
+    ($name:literal, [$($need:expr),*], [$($program:expr),*]) => {
+        Variant {
+            name: $name,
+            needs: &[
+                Need::Fexit,
+                SENDMSG("inet_sendmsg"),
+                SENDMSG("inet6_sendmsg"),
+                UNIX_STREAM_SENDMSG,
+                UNIX_DGRAM_SENDMSG,
+                RECVMSG("inet_recvmsg"),
+                RECVMSG("inet6_recvmsg"),
+                RECVMSG("unix_stream_recvmsg"),
+                UNIX_DGRAM_RECVMSG,
+                $($need,)*
+            ],
+            programs: &[
+                fexit("sock_tx_inet", "inet_sendmsg"),
+                fexit("sock_tx_inet6", "inet6_sendmsg"),
+                fexit("sock_tx_ustream", "unix_stream_sendmsg"),
+                fexit("sock_tx_udgram", "unix_dgram_sendmsg"),
+                fexit("sock_rx_inet", "inet_recvmsg"),
+                fexit("sock_rx_inet6", "inet6_recvmsg"),
+                fexit("sock_rx_ustream", "unix_stream_recvmsg"),
+                fexit("sock_rx_udgram", "__unix_dgram_recvmsg"),
+                $($program,)*
+            ],
+        }
+    };
+}
+
 /// The socket-length tracepoints (6.3+) first: cheapest, and every call path but one. Before
 /// 6.5 sendfile and splice into a socket take the protocols' `sendpage`, which neither the
 /// tracepoints nor the `sendmsg` fexits see: each way comes with fexit on `sendpage` first,
@@ -158,60 +192,16 @@ const NET: &[Variant] = &[
             tp("sock_recv", "sock_recv_length"),
         ],
     },
-    Variant {
-        name: "fexit on inet/inet6/unix sendmsg, recvmsg, sendpage",
-        needs: &[
-            Need::Fexit,
-            SENDMSG("inet_sendmsg"),
-            SENDMSG("inet6_sendmsg"),
-            UNIX_STREAM_SENDMSG,
-            UNIX_DGRAM_SENDMSG,
-            RECVMSG("inet_recvmsg"),
-            RECVMSG("inet6_recvmsg"),
-            RECVMSG("unix_stream_recvmsg"),
-            UNIX_DGRAM_RECVMSG,
-            TCP_SENDPAGE,
-            UDP_SENDPAGE,
-            UNIX_SENDPAGE,
-        ],
-        programs: &[
-            fexit("sock_tx_inet", "inet_sendmsg"),
-            fexit("sock_tx_inet6", "inet6_sendmsg"),
-            fexit("sock_tx_ustream", "unix_stream_sendmsg"),
-            fexit("sock_tx_udgram", "unix_dgram_sendmsg"),
-            fexit("sock_rx_inet", "inet_recvmsg"),
-            fexit("sock_rx_inet6", "inet6_recvmsg"),
-            fexit("sock_rx_ustream", "unix_stream_recvmsg"),
-            fexit("sock_rx_udgram", "__unix_dgram_recvmsg"),
+    sendmsg_variant!(
+        "fexit on inet/inet6/unix sendmsg, recvmsg, sendpage",
+        [TCP_SENDPAGE, UDP_SENDPAGE, UNIX_SENDPAGE],
+        [
             fexit("sock_tx_tcppage", "tcp_sendpage"),
             fexit("sock_tx_udppage", "udp_sendpage"),
-            fexit("sock_tx_upage", "unix_stream_sendpage"),
-        ],
-    },
-    Variant {
-        name: "fexit on inet/inet6/unix sendmsg, recvmsg",
-        needs: &[
-            Need::Fexit,
-            SENDMSG("inet_sendmsg"),
-            SENDMSG("inet6_sendmsg"),
-            UNIX_STREAM_SENDMSG,
-            UNIX_DGRAM_SENDMSG,
-            RECVMSG("inet_recvmsg"),
-            RECVMSG("inet6_recvmsg"),
-            RECVMSG("unix_stream_recvmsg"),
-            UNIX_DGRAM_RECVMSG,
-        ],
-        programs: &[
-            fexit("sock_tx_inet", "inet_sendmsg"),
-            fexit("sock_tx_inet6", "inet6_sendmsg"),
-            fexit("sock_tx_ustream", "unix_stream_sendmsg"),
-            fexit("sock_tx_udgram", "unix_dgram_sendmsg"),
-            fexit("sock_rx_inet", "inet_recvmsg"),
-            fexit("sock_rx_inet6", "inet6_recvmsg"),
-            fexit("sock_rx_ustream", "unix_stream_recvmsg"),
-            fexit("sock_rx_udgram", "__unix_dgram_recvmsg"),
-        ],
-    },
+            fexit("sock_tx_upage", "unix_stream_sendpage")
+        ]
+    ),
+    sendmsg_variant!("fexit on inet/inet6/unix sendmsg, recvmsg", [], []),
 ];
 
 const SEND_LENGTH: Need = Need::Tracepoint {
