@@ -17,14 +17,17 @@ pub const DROP_ENDPOINTS: u32 = 4;
 /// A worker had more endpoints than `--max-endpoints-per-worker`: that call went to its
 /// `other` endpoint (counted, nothing lost).
 pub const DROP_ENDPOINT_OVERFLOW: u32 = 5;
+/// A `PROCESS_PEAKS` insert failed (map full): that process's peak memory is lost.
+pub const DROP_PROCESS_PEAKS: u32 = 6;
 /// Number of drop slots (room for the programs to come).
 pub const DROP_SLOTS: u32 = 8;
 /// Names of the used slots, in order, as reported to users.
-pub const DROP_NAMES: [&str; 6] = [
+pub const DROP_NAMES: [&str; 7] = [
     "cpu_stats",
     "net_stats",
     "task_state",
     "cgroup_events",
     "endpoints",
     "endpoint_overflow",
+    "process_peaks",
 ];

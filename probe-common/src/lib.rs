@@ -7,6 +7,7 @@
 
 pub mod cpu;
 pub mod drops;
+pub mod memory;
 pub mod net;
 pub mod task;
 pub mod wait;

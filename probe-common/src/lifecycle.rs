@@ -21,6 +21,9 @@ pub struct CgroupEvent {
     pub cgroup_id: u64,
     /// CLOCK_MONOTONIC ns when it happened.
     pub at_ns: u64,
+    /// At a removal, the memory cgroup's high-water mark in pages (its `memory.peak`); 0 when
+    /// the cgroup had no memory controller, and at a creation.
+    pub memory_peak_pages: u64,
     /// `CGROUP_MADE` or `CGROUP_REMOVED`.
     pub kind: u32,
     /// Bytes of `path` used (without the terminating NUL).
@@ -29,7 +32,7 @@ pub struct CgroupEvent {
     pub path: [u8; EVENT_PATH_BYTES],
 }
 
-const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 24 + EVENT_PATH_BYTES);
+const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + EVENT_PATH_BYTES);
 
 impl CgroupEvent {
     /// The path as text (lossy for non-UTF-8 names).

@@ -61,6 +61,16 @@ static INODE_I_MODE_OFFSET: Global<u32> = Global::new(0);
 static PT_REGS_ORIG_AX_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static PT_REGS_DI_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_SIGNAL_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static SIGNAL_MAXRSS_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CGROUP_MEMORY_CSS_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static MEMCG_WATERMARK_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_REAL_PARENT_OFFSET: Global<u32> = Global::new(0);
 
 /// A `struct task_struct *` from a tracepoint argument (or the current task).
 pub type Task = *const u8;
@@ -215,6 +225,42 @@ pub fn id_of_cgroup(cgroup: Cgroup) -> u64 {
     }
 }
 
+/// The largest resident set the task's process has had, in pages (`signal->maxrss`, what
+/// wait4's `ru_maxrss` reports): final once its last thread is exiting.
+#[inline(always)]
+pub fn max_rss_pages(task: Task) -> u64 {
+    // SAFETY: BTF-checked loads through the task pointer; a fault yields 0.
+    unsafe {
+        let signal: *const u8 = field(task, TASK_SIGNAL_OFFSET.load());
+        field(signal, SIGNAL_MAXRSS_OFFSET.load())
+    }
+}
+
+/// The task's parent (`real_parent`), for the cgroup it was forked in.
+#[inline(always)]
+pub fn parent(task: Task) -> Task {
+    // SAFETY: BTF-checked load through the task pointer.
+    unsafe { field(task, TASK_REAL_PARENT_OFFSET.load()) }
+}
+
+/// A cgroup's memory high-water mark in pages (`memory.peak`); 0 when it has no memory
+/// controller of its own (or the kernel none at all).
+#[inline(always)]
+pub fn memory_peak_pages(cgroup: Cgroup) -> u64 {
+    let css_offset = CGROUP_MEMORY_CSS_OFFSET.load();
+    if css_offset == 0 {
+        return 0;
+    }
+    // SAFETY: BTF-checked load of `subsys[memory_cgrp_id]`, a css pointer or null.
+    let css: u64 = unsafe { field(cgroup, css_offset) };
+    if css == 0 {
+        return 0;
+    }
+    // The watermark lies past `struct cgroup_subsys_state`, in the `mem_cgroup` around it:
+    // beyond what a BTF-checked load of a css may reach.
+    read_kernel(css + u64::from(MEMCG_WATERMARK_OFFSET.load())).unwrap_or(0)
+}
+
 /// Whether a cgroup belongs to the cgroup2 hierarchy (hierarchy id 0), not a v1 controller.
 #[inline(always)]
 pub fn is_cgroup2(cgroup: Cgroup) -> bool {
@@ -269,10 +315,20 @@ pub struct TaskState {
     pub unclaimed_net_wait_ns: u64,
     /// How many sleeps `unclaimed_net_wait_ns` holds.
     pub unclaimed_net_waits: u64,
+    /// The cgroup its time since the last accounting belongs to: where it was then, or where
+    /// a move took it since.
+    pub cgroup_id: u64,
+    /// With `MOVED_ASLEEP`: the cgroup it slept in before the move.
+    pub moved_from_cgroup_id: u64,
+    /// With `MOVED_ASLEEP`: CLOCK_MONOTONIC ns of the move.
+    pub moved_at_ns: u64,
 }
 
 /// [`TaskState::flags`]: the baselines are set.
 pub const SEEN: u32 = 1;
+/// [`TaskState::flags`]: it was moved to another cgroup while asleep; its wakeup splits the
+/// sleep at the move.
+pub const MOVED_ASLEEP: u32 = 2;
 /// [`TaskState::state`]: on a CPU or runnable.
 pub const RUNNING: u32 = 0;
 /// In uninterruptible sleep (D).

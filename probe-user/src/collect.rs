@@ -5,7 +5,8 @@ use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use probe_common::{
     cpu::{CPU_STATS_MAP, CpuStats, LAST_SWITCH_MAP, LastSwitch},
     drops::{DROP_NAMES, DROPS_MAP},
-    lifecycle::{CGROUP_MADE, CgroupEvent, EVENTS_MAP},
+    lifecycle::{CGROUP_MADE, CGROUP_REMOVED, CgroupEvent, EVENTS_MAP},
+    memory::PROCESS_PEAKS_MAP,
     net::{
         ENDPOINT_COUNTS_MAP, ENDPOINTS_MAP, EndpointKey, EndpointStats, NET_STATS_MAP, NetStats,
     },
@@ -15,7 +16,10 @@ use crate::{
     cgroup::{self, CgroupIndex},
     clock::Timestamp,
     loader::Probe,
-    model::{Drops, LifecycleEvent, Measured, Sample, WorkerCounters, endpoints::EndpointDelta},
+    model::{
+        Drops, ExitMemoryPeaks, LifecycleEvent, Measured, Sample, WorkerCounters,
+        endpoints::EndpointDelta,
+    },
     runtimes::{Runtimes, WorkerNames},
 };
 
@@ -27,6 +31,8 @@ pub trait Source {
 
 /// Lifecycle events kept for a caller that has not asked for them.
 const MAX_PENDING_EVENTS: usize = 65_536;
+/// Memory cgroup peaks of removed cgroups kept for a caller that never finishes them (top).
+const MAX_REMOVED_PEAKS: usize = 16_384;
 
 /// CPU counters per cgroup id, per CPU.
 type CpuPerWorker = std::collections::BTreeMap<u64, Vec<CpuStats>>;
@@ -53,6 +59,13 @@ pub struct KernelCollector {
     drops: PerCpuArray<MapData, u64>,
     last_switch: PerCpuArray<MapData, LastSwitch>,
     events: RingBuf<MapData>,
+    /// Largest resident set of each worker's exited processes, per CPU (pages).
+    process_peaks: PerCpuHashMap<MapData, u64, u64>,
+    /// Removed cgroups' memory cgroup peaks (bytes), as their removal events told, until
+    /// `finish` takes them.
+    removed_memory_peaks: std::collections::BTreeMap<u64, u64>,
+    /// Bytes in a page, for the kernel's page counts.
+    page_bytes: u64,
     /// Lifecycle events read but not yet taken by `drain_events`.
     pending_events: std::collections::VecDeque<LifecycleEvent>,
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
@@ -90,10 +103,15 @@ impl KernelCollector {
             .with_context(|| format!("map {LAST_SWITCH_MAP}"))?;
         let events =
             RingBuf::try_from(take(EVENTS_MAP)?).with_context(|| format!("map {EVENTS_MAP}"))?;
+        let process_peaks = PerCpuHashMap::try_from(take(PROCESS_PEAKS_MAP)?)
+            .with_context(|| format!("map {PROCESS_PEAKS_MAP}"))?;
         let measured = probe.measured();
         Ok(Self {
             measured,
             events,
+            process_peaks,
+            removed_memory_peaks: std::collections::BTreeMap::new(),
+            page_bytes: page_bytes(),
             pending_events: std::collections::VecDeque::new(),
             last_switch,
             reported_on_cpu_ns: std::collections::HashMap::new(),
@@ -198,6 +216,7 @@ impl KernelCollector {
             // ring buffer's 8-byte alignment.
             let event: CgroupEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             let path = String::from_utf8_lossy(event.path_bytes()).into_owned();
+            let (kind, memory_peak_pages) = (event.kind, event.memory_peak_pages);
             let event = LifecycleEvent {
                 cgroup_id: event.cgroup_id,
                 at_monotonic_ns: event.at_ns,
@@ -207,6 +226,14 @@ impl KernelCollector {
             };
             if event.made {
                 self.cgroups.insert(event.cgroup_id, event.path.clone());
+            }
+            if kind == CGROUP_REMOVED && memory_peak_pages > 0 {
+                // Ids grow: when full, the oldest removal goes.
+                if self.removed_memory_peaks.len() >= MAX_REMOVED_PEAKS {
+                    self.removed_memory_peaks.pop_first();
+                }
+                self.removed_memory_peaks
+                    .insert(event.cgroup_id, memory_peak_pages * self.page_bytes);
             }
             // Bounded: a caller that never takes events (top) keeps only the recent ones.
             if self.pending_events.len() >= MAX_PENDING_EVENTS {
@@ -219,6 +246,7 @@ impl KernelCollector {
     /// The final counters of a removed worker, then its map entries are freed. `None` if it
     /// never did anything since the programs were loaded.
     pub fn finish(&mut self, cgroup_id: u64) -> Option<WorkerCounters> {
+        let exit_memory = self.take_exit_memory(cgroup_id);
         let cpu = self.cpu_stats.get(&cgroup_id, 0).ok();
         let net = self.net_stats.get(&cgroup_id, 0).ok();
         if cpu.is_none() && net.is_none() {
@@ -226,6 +254,7 @@ impl KernelCollector {
         }
         let mut worker = WorkerCounters {
             cpu_per_cpu: cpu.map(|per_cpu| per_cpu.to_vec()).unwrap_or_default(),
+            exit_memory,
             ..WorkerCounters::default()
         };
         worker.cpu_per_cpu.resize(self.cpus, CpuStats::default());
@@ -258,6 +287,24 @@ impl KernelCollector {
         self.cgroups.forget(cgroup_id);
         self.names.forget(cgroup_id);
         Some(worker)
+    }
+
+    /// The memory peaks the kernel kept for a removed worker, then their entries are freed.
+    fn take_exit_memory(&mut self, cgroup_id: u64) -> Option<ExitMemoryPeaks> {
+        let cgroup_peak_bytes = self.removed_memory_peaks.remove(&cgroup_id);
+        let largest_process_peak_bytes = self
+            .process_peaks
+            .get(&cgroup_id, 0)
+            .ok()
+            .and_then(|per_cpu| per_cpu.iter().copied().max())
+            .map(|pages| pages * self.page_bytes);
+        let _ = self.process_peaks.remove(&cgroup_id);
+        (cgroup_peak_bytes.is_some() || largest_process_peak_bytes.is_some()).then_some(
+            ExitMemoryPeaks {
+                cgroup_peak_bytes,
+                largest_process_peak_bytes,
+            },
+        )
     }
 
     /// What the attached programs measure.
@@ -390,6 +437,13 @@ impl KernelCollector {
 }
 
 /// One endpoint's counters summed over CPUs.
+/// The kernel's page size, for the page counts the programs keep.
+fn page_bytes() -> u64 {
+    // SAFETY: sysconf reads a constant of the running system.
+    let bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(bytes).unwrap_or(4096)
+}
+
 fn sum_endpoint(key: EndpointKey, per_cpu: &[EndpointStats]) -> EndpointDelta {
     let mut stats = EndpointStats::default();
     for on_cpu in per_cpu {

@@ -469,3 +469,63 @@ fn exec_cgroup_has_processes(mount: &Path, agent_pid: u32) -> bool {
                 .is_ok_and(|procs| !procs.trim().is_empty())
         })
 }
+
+/// Runs `command` in `dir` and reaps it with wait4, for the kernel's own `ru_maxrss` (bytes).
+fn run_for_max_rss(command: &mut Command, dir: &Path) -> u64 {
+    command.stdout(Stdio::null());
+    let child = cgroup::spawn_in_cgroup(command, dir).expect("spawn");
+    let mut status = 0;
+    // SAFETY: zeroed rusage is valid; wait4 on our own child fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let reaped = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(reaped, child.id() as i32, "wait4");
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    usage.ru_maxrss as u64 * 1024
+}
+
+#[test]
+fn a_worker_shorter_than_a_sample_has_its_memory_peak() {
+    require_root();
+    let mount = cgroup::find_cgroup2_mount().expect("cgroup2");
+    let prefix = format!("/wp-mem-{}-", std::process::id());
+    let agent = start_watch(&["--workers", &format!("{prefix}*")]);
+    let dir = mount.join(format!("{}short", prefix.trim_start_matches('/')));
+    std::fs::create_dir(&dir).expect("mkdir worker");
+    // 48 MiB touched, then gone at once: no sample of the agent's sees it alive.
+    let max_rss_bytes = run_for_max_rss(
+        Command::new(workload_path()).args(["hold", "48", "0"]),
+        &dir,
+    );
+    // Where the worker has a memory controller of its own (pure cgroup2 hosts), the kernel's
+    // memory.peak, read before the directory goes.
+    let cgroup_peak_bytes: Option<u64> = std::fs::read_to_string(dir.join("memory.peak"))
+        .ok()
+        .and_then(|text| text.trim().parse().ok());
+    cgroup::remove_cgroup(&dir).expect("rmdir worker");
+    let lines = stop_watch(agent);
+    let summaries = exits(&lines, &prefix);
+    assert_eq!(summaries.len(), 1, "{lines:?}");
+    let memory = &summaries[0]["memory"];
+    eprintln!(
+        "short worker: memory {memory}; its process's ru_maxrss {max_rss_bytes} B, memory.peak {cgroup_peak_bytes:?}"
+    );
+    assert!(
+        max_rss_bytes >= 48 << 20,
+        "the workload held less than it should"
+    );
+    match cgroup_peak_bytes {
+        Some(peak) => {
+            assert_eq!(memory["source"], "cgroup2");
+            assert_eq!(memory["peak_bytes"].as_u64(), Some(peak));
+        }
+        None => {
+            assert_eq!(memory["source"], "process_max_rss");
+            assert_eq!(memory["peak_bytes"].as_u64(), Some(max_rss_bytes));
+        }
+    }
+    assert_eq!(
+        summaries[0]["lithops"]["worker_peak_memory_end"],
+        memory["peak_bytes"]
+    );
+}

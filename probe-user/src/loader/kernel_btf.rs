@@ -5,7 +5,10 @@
 
 use anyhow::{Context as _, anyhow, bail};
 use btf_rs::{Btf, Type};
-use probe_common::task::{SchedInfoOffsets, TaskOffsets, WaitOffsets};
+use probe_common::{
+    memory::MemoryOffsets,
+    task::{SchedInfoOffsets, TaskOffsets, WaitOffsets},
+};
 
 /// Where the kernel's BTF lives.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -55,6 +58,7 @@ pub fn task_offsets(btf: &Btf) -> anyhow::Result<TaskOffsets> {
         cgroup_root_hierarchy_id: member_offset(btf, "cgroup_root", &["hierarchy_id"])?,
         utime: member_offset(btf, "task_struct", &["utime"])?,
         stime: member_offset(btf, "task_struct", &["stime"])?,
+        real_parent: member_offset(btf, "task_struct", &["real_parent"])?,
     })
 }
 
@@ -72,6 +76,46 @@ pub fn wait_offsets(btf: &Btf) -> anyhow::Result<WaitOffsets> {
         pt_regs_orig_ax: member_offset(btf, "pt_regs", &["orig_ax"])?,
         pt_regs_di: member_offset(btf, "pt_regs", &["di"])?,
     })
+}
+
+/// Where the memory peaks are kept: a process's `signal->maxrss`, and a memory cgroup's
+/// `memory.watermark` reached from its cgroup. Without a memory controller in the kernel, the
+/// cgroup part is 0 (the programs then read no cgroup peak).
+pub fn memory_offsets(btf: &Btf) -> anyhow::Result<MemoryOffsets> {
+    let cgroup_memory_css = memory_controller_id(btf)
+        .and_then(|id| Ok(member_offset(btf, "cgroup", &["subsys"])? + 8 * id))
+        .unwrap_or(0);
+    let memcg_watermark = (|| {
+        let watermark = member_offset(btf, "mem_cgroup", &["memory", "watermark"])?;
+        let css = member_offset(btf, "mem_cgroup", &["css"])?;
+        anyhow::Ok(watermark - css)
+    })()
+    .unwrap_or(0);
+    Ok(MemoryOffsets {
+        task_signal: member_offset(btf, "task_struct", &["signal"])?,
+        signal_maxrss: member_offset(btf, "signal_struct", &["maxrss"])?,
+        cgroup_memory_css: if memcg_watermark == 0 {
+            0
+        } else {
+            cgroup_memory_css
+        },
+        memcg_watermark,
+    })
+}
+
+/// `memory_cgrp_id` in `enum cgroup_subsys_id`: the memory controller's slot in
+/// `cgroup.subsys`.
+fn memory_controller_id(btf: &Btf) -> anyhow::Result<u32> {
+    for candidate in btf.resolve_types_by_name("cgroup_subsys_id")? {
+        if let Type::Enum(subsystems) = candidate {
+            for member in &subsystems.members {
+                if btf.resolve_name(member)? == "memory_cgrp_id" {
+                    return Ok(member.val());
+                }
+            }
+        }
+    }
+    bail!("the kernel has no memory controller")
 }
 
 fn sched_info_offsets(btf: &Btf) -> anyhow::Result<SchedInfoOffsets> {

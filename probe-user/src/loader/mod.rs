@@ -21,6 +21,10 @@ use aya::{
     },
 };
 use probe_common::{
+    memory::{
+        CGROUP_MEMORY_CSS_OFFSET_GLOBAL, MEMCG_WATERMARK_OFFSET_GLOBAL,
+        SIGNAL_MAXRSS_OFFSET_GLOBAL, TASK_SIGNAL_OFFSET_GLOBAL,
+    },
     net::{
         ENDPOINTS_ON_GLOBAL, ENDPOINTS_PER_WORKER_GLOBAL, SOCK_DADDR_OFFSET_GLOBAL,
         SOCK_DPORT_OFFSET_GLOBAL, SOCK_FAMILY_OFFSET_GLOBAL, SOCK_V6_DADDR_OFFSET_GLOBAL,
@@ -32,10 +36,10 @@ use probe_common::{
         FDTABLE_MAX_FDS_OFFSET_GLOBAL, FILE_F_INODE_OFFSET_GLOBAL, FILES_FDT_OFFSET_GLOBAL,
         FILES_OFFSET_GLOBAL, FLAGS_OFFSET_GLOBAL, INODE_I_MODE_OFFSET_GLOBAL,
         KERNFS_NODE_ID_OFFSET_GLOBAL, PID_OFFSET_GLOBAL, PT_REGS_DI_OFFSET_GLOBAL,
-        PT_REGS_ORIG_AX_OFFSET_GLOBAL, SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL,
-        SCHED_INFO_LAST_QUEUED_OFFSET_GLOBAL, SCHED_INFO_PCOUNT_OFFSET_GLOBAL,
-        SCHED_INFO_RUN_DELAY_OFFSET_GLOBAL, STIME_OFFSET_GLOBAL, SUM_EXEC_RUNTIME_OFFSET_GLOBAL,
-        UTIME_OFFSET_GLOBAL,
+        PT_REGS_ORIG_AX_OFFSET_GLOBAL, REAL_PARENT_OFFSET_GLOBAL,
+        SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL, SCHED_INFO_LAST_QUEUED_OFFSET_GLOBAL,
+        SCHED_INFO_PCOUNT_OFFSET_GLOBAL, SCHED_INFO_RUN_DELAY_OFFSET_GLOBAL, STIME_OFFSET_GLOBAL,
+        SUM_EXEC_RUNTIME_OFFSET_GLOBAL, UTIME_OFFSET_GLOBAL,
     },
 };
 
@@ -216,6 +220,7 @@ struct Loaded {
     /// The kernel struct offsets handed to the programs.
     task: probe_common::task::TaskOffsets,
     wait: probe_common::task::WaitOffsets,
+    memory: probe_common::memory::MemoryOffsets,
     family_offset: u32,
     socket_sk_offset: u32,
     /// Which variant each group will use.
@@ -229,7 +234,7 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     if !Path::new(kernel_btf::VMLINUX_BTF).exists() {
         return Err(UserError::NoKernelBtf.into());
     }
-    let (family_offset, socket_sk_offset, task, wait, sock, features) = {
+    let (family_offset, socket_sk_offset, task, wait, memory, sock, features) = {
         // Read whole, then parsed: parsing from the sysfs file seeks once per type, a third
         // of the load time.
         let bytes = std::fs::read(kernel_btf::VMLINUX_BTF).map_err(|_| UserError::NoKernelBtf)?;
@@ -237,6 +242,8 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         let task = kernel_btf::task_offsets(&btf).context("locating task_struct's fields")?;
         let wait =
             kernel_btf::wait_offsets(&btf).context("locating the fields wait reasons read")?;
+        let memory = kernel_btf::memory_offsets(&btf)
+            .context("locating the fields that keep memory peaks")?;
         let features = KernelFeatures::probe(&btf, &plan::all_needs(), task.sched_info.is_some());
         (
             kernel_btf::sock_family_offset(&btf).context("locating struct sock's family field")?,
@@ -244,6 +251,7 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
             kernel_btf::socket_sk_offset(&btf).unwrap_or(0),
             task,
             wait,
+            memory,
             kernel_btf::sock_peer_offsets(&btf).context("locating struct sock's peer fields")?,
             features,
         )
@@ -319,6 +327,16 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         .override_global(INODE_I_MODE_OFFSET_GLOBAL, &wait.inode_i_mode, true)
         .override_global(PT_REGS_ORIG_AX_OFFSET_GLOBAL, &wait.pt_regs_orig_ax, true)
         .override_global(PT_REGS_DI_OFFSET_GLOBAL, &wait.pt_regs_di, true)
+        .override_global(REAL_PARENT_OFFSET_GLOBAL, &task.real_parent, true)
+        .override_global(TASK_SIGNAL_OFFSET_GLOBAL, &memory.task_signal, true)
+        .override_global(SIGNAL_MAXRSS_OFFSET_GLOBAL, &memory.signal_maxrss, true)
+        .override_global(
+            CGROUP_MEMORY_CSS_OFFSET_GLOBAL,
+            &memory.cgroup_memory_css,
+            true,
+        )
+        .override_global(MEMCG_WATERMARK_OFFSET_GLOBAL, &memory.memcg_watermark, true)
+        .map_max_entries(probe_common::memory::PROCESS_PEAKS_MAP, options.max_workers)
         .map_max_entries(probe_common::cpu::CPU_STATS_MAP, options.max_workers)
         .map_max_entries(probe_common::net::NET_STATS_MAP, options.max_workers)
         .map_max_entries(probe_common::net::ENDPOINTS_MAP, options.max_endpoints)
@@ -330,6 +348,7 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         btf,
         task,
         wait,
+        memory,
         family_offset,
         socket_sk_offset,
         plan,

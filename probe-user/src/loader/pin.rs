@@ -31,6 +31,7 @@ use probe_common::{
     cpu::{CPU_STATS_MAP, LAST_SWITCH_MAP},
     drops::DROPS_MAP,
     lifecycle::EVENTS_MAP,
+    memory::PROCESS_PEAKS_MAP,
     net::{ENDPOINT_COUNTS_MAP, ENDPOINTS_MAP, NET_STATS_MAP},
 };
 use serde::{Deserialize, Serialize};
@@ -43,10 +44,11 @@ use crate::error::UserError;
 
 /// The entry describing the set (a symlink whose target is the JSON).
 pub const META: &str = "meta";
-/// Version of the pin set's layout; a set of another version is refused.
-pub const FORMAT_VERSION: u32 = 2;
+/// Version of the pin set's layout; a set of another version is refused. 3: lifecycle events
+/// carry the memory cgroup's peak, and process peaks have a map.
+pub const FORMAT_VERSION: u32 = 3;
 /// The maps the collector reads, pinned under their own names.
-pub const PINNED_MAPS: [&str; 7] = [
+pub const PINNED_MAPS: [&str; 8] = [
     CPU_STATS_MAP,
     NET_STATS_MAP,
     DROPS_MAP,
@@ -54,6 +56,7 @@ pub const PINNED_MAPS: [&str; 7] = [
     EVENTS_MAP,
     ENDPOINTS_MAP,
     ENDPOINT_COUNTS_MAP,
+    PROCESS_PEAKS_MAP,
 ];
 
 /// The pin of the link of `program`.
@@ -167,6 +170,11 @@ impl Meta {
             ("inode.i_mode", loaded.wait.inode_i_mode),
             ("pt_regs.orig_ax", loaded.wait.pt_regs_orig_ax),
             ("pt_regs.di", loaded.wait.pt_regs_di),
+            ("task_struct.real_parent", task.real_parent),
+            ("task_struct.signal", loaded.memory.task_signal),
+            ("signal_struct.maxrss", loaded.memory.signal_maxrss),
+            ("cgroup.subsys[memory]", loaded.memory.cgroup_memory_css),
+            ("mem_cgroup.memory.watermark", loaded.memory.memcg_watermark),
         ]
         .into_iter()
         .map(|(name, offset)| (name.to_string(), offset))

@@ -77,16 +77,26 @@ const SCHED_SWITCH: Need = Need::Tracepoint {
     args: 4,
 };
 
+/// A thread moved to another cgroup: its time until the move goes to the cgroup it left.
+const ATTACH_TASK: Need = Need::Tracepoint {
+    name: "cgroup_attach_task",
+    args: 3,
+};
+
 const CPU: &[Variant] = &[Variant {
-    name: "tp_btf sched_switch",
-    needs: &[SCHED_SWITCH, Need::TaskStorage],
-    programs: &[tp("switch_cpu", "sched_switch")],
+    name: "tp_btf sched_switch, cgroup_attach_task",
+    needs: &[SCHED_SWITCH, ATTACH_TASK, Need::TaskStorage],
+    programs: &[
+        tp("switch_cpu", "sched_switch"),
+        tp("moved_cpu", "cgroup_attach_task"),
+    ],
 }];
 
 const DELAYS: &[Variant] = &[Variant {
-    name: "tp_btf sched_switch, sched_wakeup",
+    name: "tp_btf sched_switch, sched_wakeup, cgroup_attach_task",
     needs: &[
         SCHED_SWITCH,
+        ATTACH_TASK,
         Need::Tracepoint {
             name: "sched_wakeup",
             args: 1,
@@ -102,13 +112,15 @@ const DELAYS: &[Variant] = &[Variant {
         tp("switch_full", "sched_switch"),
         tp("wakeup", "sched_wakeup"),
         tp("wakeup_new", "sched_wakeup_new"),
+        tp("moved_full", "cgroup_attach_task"),
     ],
 }];
 
 const WAITS: &[Variant] = &[Variant {
-    name: "tp_btf sched_switch with wait reasons, sched_wakeup",
+    name: "tp_btf sched_switch with wait reasons, sched_wakeup, cgroup_attach_task",
     needs: &[
         SCHED_SWITCH,
+        ATTACH_TASK,
         Need::Tracepoint {
             name: "sched_wakeup",
             args: 1,
@@ -124,6 +136,7 @@ const WAITS: &[Variant] = &[Variant {
         tp("switch_waits", "sched_switch"),
         tp("wakeup", "sched_wakeup"),
         tp("wakeup_new", "sched_wakeup_new"),
+        tp("moved_full", "cgroup_attach_task"),
     ],
 }];
 
@@ -256,7 +269,7 @@ const fn RECVMSG(name: &'static str) -> Need {
 }
 
 const LIFECYCLE: &[Variant] = &[Variant {
-    name: "tp_btf cgroup_mkdir, cgroup_rmdir",
+    name: "tp_btf cgroup_mkdir, cgroup_rmdir, sched_process_exit",
     needs: &[
         Need::Tracepoint {
             name: "cgroup_mkdir",
@@ -266,10 +279,15 @@ const LIFECYCLE: &[Variant] = &[Variant {
             name: "cgroup_rmdir",
             args: 2,
         },
+        Need::Tracepoint {
+            name: "sched_process_exit",
+            args: 1,
+        },
     ],
     programs: &[
         tp("cgroup_mkdir", "cgroup_mkdir"),
         tp("cgroup_rmdir", "cgroup_rmdir"),
+        tp("process_exit", "sched_process_exit"),
     ],
 }];
 
@@ -571,6 +589,8 @@ mod tests {
             ("sched_wakeup_new", 1),
             ("cgroup_mkdir", 2),
             ("cgroup_rmdir", 2),
+            ("sched_process_exit", 1),
+            ("cgroup_attach_task", 4),
         ] {
             features.tracepoints.insert(name.into(), args);
         }
@@ -618,6 +638,8 @@ mod tests {
             [
                 "cgroup_mkdir",
                 "cgroup_rmdir",
+                "moved_full",
+                "process_exit",
                 "sock_recv",
                 "sock_send",
                 "switch_waits",
@@ -668,20 +690,20 @@ mod tests {
         let features = linux_6_1();
         assert_eq!(
             names(&Plan::new(&[ProgramGroup::Cpu], &features)),
-            ["switch_cpu"]
+            ["moved_cpu", "switch_cpu"]
         );
         assert_eq!(
             names(&Plan::new(
                 &[ProgramGroup::Cpu, ProgramGroup::Delays],
                 &features
             )),
-            ["switch_full", "wakeup", "wakeup_new"]
+            ["moved_full", "switch_full", "wakeup", "wakeup_new"]
         );
         // Without run-queue accounting the CPU program takes over.
         let mut no_sched_info = features.clone();
         no_sched_info.sched_info = false;
         let plan = Plan::new(&[ProgramGroup::Cpu, ProgramGroup::Delays], &no_sched_info);
-        assert_eq!(names(&plan), ["switch_cpu"]);
+        assert_eq!(names(&plan), ["moved_cpu", "switch_cpu"]);
         assert!(plan.measured().cpu && !plan.measured().delays);
         assert_eq!(
             names(&Plan::new(&[ProgramGroup::Floor], &features)),
@@ -721,6 +743,8 @@ mod tests {
             [
                 "cgroup_mkdir",
                 "cgroup_rmdir",
+                "moved_full",
+                "process_exit",
                 "switch_full",
                 "wakeup",
                 "wakeup_new"
@@ -728,7 +752,16 @@ mod tests {
         );
         assert!(plan.measured().delays && !plan.measured().waits);
         plan.fall_back(ProgramGroup::Delays, "no".into());
-        assert_eq!(names(&plan), ["cgroup_mkdir", "cgroup_rmdir", "switch_cpu"]);
+        assert_eq!(
+            names(&plan),
+            [
+                "cgroup_mkdir",
+                "cgroup_rmdir",
+                "moved_cpu",
+                "process_exit",
+                "switch_cpu"
+            ]
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ mod stats;
 pub mod summary;
 
 pub use sample::{
-    CpuStatUsec, Drops, LifecycleEvent, Measured, MemoryReading, MemorySource, Sample,
-    WorkerCounters,
+    CpuStatUsec, Drops, ExitMemoryPeaks, LifecycleEvent, Measured, MemoryReading, MemorySource,
+    Sample, WorkerCounters,
 };
 pub use stats::{
     Delays, FamilyDelta, FamilyTotals, Interval, WorkerStats, diff, families_with_calls,

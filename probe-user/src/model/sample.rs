@@ -33,6 +33,20 @@ pub struct WorkerCounters {
     pub cpu_stat: Option<CpuStatUsec>,
     /// Its remote endpoints, summed over CPUs (with `--programs endpoints`).
     pub endpoints: Vec<super::endpoints::EndpointDelta>,
+    /// The memory peaks the kernel kept to its end; only in a removed worker's final counters.
+    pub exit_memory: Option<ExitMemoryPeaks>,
+}
+
+/// A worker's memory peaks as the kernel kept them when it ended, read by the programs at the
+/// moment each was final (so a worker shorter than a sample has them too).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitMemoryPeaks {
+    /// Its memory cgroup's high-water mark at its removal (`memory.peak`), where it had a
+    /// memory controller of its own.
+    pub cgroup_peak_bytes: Option<u64>,
+    /// The largest resident set any one of its processes reached, as the kernel kept it for
+    /// wait4's `ru_maxrss` (the mm's high-water mark), over the processes that exited in it.
+    pub largest_process_peak_bytes: Option<u64>,
 }
 
 /// Drop counters, summed over CPUs, in `probe_common::drops::DROP_NAMES` order.
@@ -124,6 +138,10 @@ pub enum MemorySource {
     Cgroup1,
     /// Summed RSS of the worker's processes, sampled: a peak between samples is missed.
     Rss,
+    /// At a worker's exit only: the largest resident set any one of its processes reached, as
+    /// the kernel kept it for wait4's `ru_maxrss`, read as each process exited. Exact for one
+    /// process; processes alive at the same time may have held more together.
+    ProcessMaxRss,
 }
 
 /// A worker's memory at one moment.

@@ -8,7 +8,7 @@ use serde::Serialize;
 use probe_common::wait::WAIT_NAMES;
 
 use super::{
-    Measured, MemorySource, WorkerCounters,
+    ExitMemoryPeaks, Measured, MemoryReading, MemorySource, WorkerCounters,
     endpoints::{EndpointNamer, by_label},
     identity::WorkerKind,
     registry::WorkerRecord,
@@ -182,10 +182,52 @@ pub struct SummaryNet {
 pub struct SummaryMemory {
     /// Highest use known (see `source`).
     pub peak_bytes: u64,
-    /// Last reading.
-    pub last_bytes: u64,
-    /// cgroup2, cgroup1 or rss (sampled: a peak between samples is missed).
+    /// The last reading taken while it lived; null when it ended before any sample read it.
+    pub last_bytes: Option<u64>,
+    /// cgroup2 (the memory cgroup's own peak), cgroup2_current or rss (sampled: a peak between
+    /// samples is missed), cgroup1, or process_max_rss (the largest of its processes' own
+    /// peaks, kept by the kernel).
     pub source: MemorySource,
+}
+
+impl SummaryMemory {
+    /// The best peak known at a worker's end: the memory cgroup's own high-water mark where it
+    /// had one, else what the samples saw, or the largest process peak the kernel kept when
+    /// that is higher than a sampled peak (always, for a worker that ended before any sample).
+    pub fn at_exit(
+        sampled: Option<MemoryReading>,
+        sampled_peak_bytes: u64,
+        kernel: Option<ExitMemoryPeaks>,
+    ) -> Option<Self> {
+        let last_bytes = sampled.map(|reading| reading.current_bytes);
+        let sampled_peak = sampled.map(|reading| reading.peak_bytes.max(sampled_peak_bytes));
+        let kernel = kernel.unwrap_or_default();
+        if let Some(cgroup_peak_bytes) = kernel.cgroup_peak_bytes {
+            return Some(Self {
+                peak_bytes: cgroup_peak_bytes,
+                last_bytes,
+                source: MemorySource::Cgroup2,
+            });
+        }
+        let process_peak = kernel.largest_process_peak_bytes;
+        match (sampled, sampled_peak) {
+            (Some(reading), Some(peak_bytes))
+                if reading.source == MemorySource::Cgroup2
+                    || process_peak.is_none_or(|process| process <= peak_bytes) =>
+            {
+                Some(Self {
+                    peak_bytes,
+                    last_bytes,
+                    source: reading.source,
+                })
+            }
+            _ => process_peak.map(|peak_bytes| Self {
+                peak_bytes,
+                last_bytes,
+                source: MemorySource::ProcessMaxRss,
+            }),
+        }
+    }
 }
 
 /// Context switches over the worker's life.
@@ -250,11 +292,11 @@ impl ExitSummary {
             .flatten();
         let per_cpu_seconds: Vec<f64> =
             stats.cpu_ns_per_cpu.iter().map(|&ns| seconds(ns)).collect();
-        let memory = record.memory.map(|reading| SummaryMemory {
-            peak_bytes: record.memory_peak_bytes.max(reading.peak_bytes),
-            last_bytes: reading.current_bytes,
-            source: reading.source,
-        });
+        let memory = SummaryMemory::at_exit(
+            record.memory,
+            record.memory_peak_bytes,
+            counters.exit_memory,
+        );
         let families = super::families_with_calls(&stats.net).collect();
         let quantile = |q: f64| delays.runqueue_wait_quantile_ns(q).map(seconds);
         let peak = memory
@@ -342,7 +384,7 @@ impl ExitSummary {
                 worker_func_cpu_total_time: seconds(stats.cpu_ns()),
                 worker_func_sent_net_io: measured.net.then(|| stats.sent_bytes()),
                 worker_func_recv_net_io: measured.net.then(|| stats.received_bytes()),
-                worker_func_rss: memory.as_ref().map(|memory| memory.last_bytes),
+                worker_func_rss: memory.as_ref().and_then(|memory| memory.last_bytes),
                 worker_peak_memory_end: peak,
             },
             exec,
@@ -445,5 +487,39 @@ mod tests {
         assert!(json["time"].is_null() && json["net"].is_null(), "{json}");
         assert!(json["lithops"]["worker_func_sent_net_io"].is_null());
         assert_eq!(json["cpu"]["total_seconds"], 1.5);
+    }
+
+    #[test]
+    fn the_peak_at_exit_is_the_best_the_kernel_kept() {
+        let rss = |bytes| MemoryReading {
+            current_bytes: bytes,
+            peak_bytes: bytes,
+            source: MemorySource::Rss,
+        };
+        let kernel = |cgroup, process| {
+            Some(ExitMemoryPeaks {
+                cgroup_peak_bytes: cgroup,
+                largest_process_peak_bytes: process,
+            })
+        };
+        // Shorter than a sample: the kernel's figures alone, no last reading.
+        let short = SummaryMemory::at_exit(None, 0, kernel(None, Some(50))).expect("memory");
+        assert_eq!(
+            (short.peak_bytes, short.last_bytes, short.source),
+            (50, None, MemorySource::ProcessMaxRss)
+        );
+        // The memory cgroup's own peak wins over any sample.
+        let cgroup = SummaryMemory::at_exit(Some(rss(70)), 80, kernel(Some(90), Some(60)));
+        let cgroup = cgroup.expect("memory");
+        assert_eq!(
+            (cgroup.peak_bytes, cgroup.last_bytes, cgroup.source),
+            (90, Some(70), MemorySource::Cgroup2)
+        );
+        // Sampled RSS keeps its peak unless one process alone was seen higher by the kernel.
+        let sampled = SummaryMemory::at_exit(Some(rss(70)), 80, kernel(None, Some(60)));
+        assert_eq!(sampled.expect("memory").source, MemorySource::Rss);
+        let missed = SummaryMemory::at_exit(Some(rss(70)), 80, kernel(None, Some(95)));
+        assert_eq!(missed.expect("memory").peak_bytes, 95);
+        assert!(SummaryMemory::at_exit(None, 0, None).is_none());
     }
 }

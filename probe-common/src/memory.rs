@@ -1,0 +1,31 @@
+//! Memory peaks the kernel keeps and loses when a worker ends: the largest resident set of
+//! each exiting process (`signal->maxrss`, what wait4's `ru_maxrss` reports) and the memory
+//! cgroup's high-water mark (`memory.peak`) at the cgroup's removal. Both are read by
+//! programs at the moment they are final, so a worker shorter than a sample has its peak.
+
+/// Name of the per-CPU hash: cgroup id → largest `signal->maxrss` (pages) of its exited
+/// processes, on that CPU.
+pub const PROCESS_PEAKS_MAP: &str = "PROCESS_PEAKS";
+
+/// Global: `offsetof(struct task_struct, signal)`.
+pub const TASK_SIGNAL_OFFSET_GLOBAL: &str = "TASK_SIGNAL_OFFSET";
+/// Global: `offsetof(struct signal_struct, maxrss)` (pages).
+pub const SIGNAL_MAXRSS_OFFSET_GLOBAL: &str = "SIGNAL_MAXRSS_OFFSET";
+/// Global: `offsetof(struct cgroup, subsys[memory_cgrp_id])`, or 0 when the kernel has no
+/// memory controller.
+pub const CGROUP_MEMORY_CSS_OFFSET_GLOBAL: &str = "CGROUP_MEMORY_CSS_OFFSET";
+/// Global: offset of `memory.watermark` (pages) from a memory cgroup's `css`.
+pub const MEMCG_WATERMARK_OFFSET_GLOBAL: &str = "MEMCG_WATERMARK_OFFSET";
+
+/// Where the programs find the memory peaks, from the kernel's BTF.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryOffsets {
+    /// `task_struct.signal`.
+    pub task_signal: u32,
+    /// `signal_struct.maxrss`.
+    pub signal_maxrss: u32,
+    /// `cgroup.subsys[memory_cgrp_id]`; 0 without a memory controller.
+    pub cgroup_memory_css: u32,
+    /// `mem_cgroup.memory.watermark` less `mem_cgroup.css`.
+    pub memcg_watermark: u32,
+}
