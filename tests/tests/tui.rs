@@ -262,8 +262,8 @@ fn top_screen_sorts_filters_and_quits_cleanly() {
     assert_terminal_restored(&screen);
 }
 
-/// On an 80-column terminal no number is cut: columns go whole, in a stated order, and a
-/// long path is shortened in the middle.
+/// On an 80-column terminal no number is cut: columns go whole, in a stated order, a long
+/// path is shortened in the middle, and the detail panel's parts are stacked.
 #[test]
 fn an_80_column_screen_drops_whole_columns_and_cuts_no_number() {
     require_root();
@@ -324,8 +324,93 @@ fn an_80_column_screen_drops_whole_columns_and_cuts_no_number() {
         (64.0..200.0).contains(&mib),
         "{memory} for 64 MiB held: {row:?}"
     );
+
+    // The worker's detail panel: its parts stacked, every figure whole.
+    tmux.send(&["/"]);
+    tmux.send(&["-l", &name]);
+    tmux.send(&["Enter"]);
+    // (At 80 columns the header is too short to show the filter: the panel's title tells.)
+    let screen = tmux.wait_for("the worker's detail", KEY_TIMEOUT, |screen| {
+        detail_panel(screen)
+            .first()
+            .is_some_and(|title| title.contains(tail))
+    });
+    let detail = detail_panel(&screen);
+    let shown = detail.join("\n");
+    let line_with = |text: &str| {
+        detail
+            .iter()
+            .find(|line| line.contains(text))
+            .unwrap_or_else(|| panic!("no {text:?} in the detail panel:\n{shown}"))
+    };
+    // At 80 columns the parts are one above the other, never side by side.
+    assert!(
+        !line_with("per-CPU cores, total ").contains("thread time"),
+        "{shown}"
+    );
+    assert!(
+        !line_with("thread time, % of interval").contains("family"),
+        "{shown}"
+    );
+    // CPUs 0, 1, 2, … in turn, each with one whole `d.dd` figure.
+    let words: Vec<&str> = detail
+        .iter()
+        .filter(|line| line.starts_with("│cpu"))
+        .flat_map(|line| line.split(|ch: char| ch.is_whitespace() || ch == '│'))
+        .collect();
+    let cpus: Vec<&str> = words
+        .iter()
+        .copied()
+        .filter(|word| word.starts_with("cpu"))
+        .collect();
+    let per_cpu: Vec<&str> = words
+        .iter()
+        .copied()
+        .filter(|word| word.parse::<f64>().is_ok())
+        .collect();
+    let expected: Vec<String> = (0..cpus.len()).map(|cpu| format!("cpu{cpu}")).collect();
+    assert!(!cpus.is_empty() && cpus == expected, "{shown}");
+    assert_eq!(per_cpu.len(), cpus.len(), "{shown}");
+    for cores in per_cpu {
+        assert!(
+            cores.len() == 4 && cores.as_bytes()[1] == b'.',
+            "per-CPU figure {cores:?} cut:\n{shown}"
+        );
+    }
+    // A row per family: two rates and two counts, each standing alone.
+    for family in ["ipv4", "ipv6", "unix", "other"] {
+        let cells: Vec<&str> = line_with(&format!("│{family} "))
+            .trim_matches('│')
+            .split_whitespace()
+            .collect();
+        assert!(
+            cells.len() == 5
+                && cells[1..3].iter().all(|rate| rate.ends_with("B/s"))
+                && cells[3..].iter().all(|count| count.parse::<u64>().is_ok()),
+            "{family} row {cells:?}:\n{shown}"
+        );
+    }
+    // The same 64 MiB and more, whole, in the memory line.
+    let memory = line_with("│memory ")
+        .split_whitespace()
+        .nth(1)
+        .and_then(|current| current.trim_end_matches(',').strip_suffix("MiB"))
+        .and_then(|value| value.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("memory in the detail panel:\n{shown}"));
+    assert!((64.0..200.0).contains(&memory), "{shown}");
+    assert!(line_with("switches: ").contains(" involuntary"), "{shown}");
     tmux.send(&["q"]);
     assert_terminal_restored(&tmux.wait_exit(KEY_TIMEOUT));
+}
+
+/// The lines of the detail panel: from its top border with the worker's path to its bottom
+/// border.
+fn detail_panel(screen: &str) -> Vec<&str> {
+    screen
+        .lines()
+        .skip_while(|line| !line.starts_with("┌ /"))
+        .take_while(|line| !line.starts_with('└'))
+        .collect()
 }
 
 #[test]

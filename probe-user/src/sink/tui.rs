@@ -22,7 +22,7 @@ use crossterm::{
     execute,
     terminal::{self, EnterAlternateScreen, LeaveAlternateScreen},
 };
-use probe_common::net::FAMILY_NAMES;
+use probe_common::net::{FAMILY_COUNT, FAMILY_NAMES};
 use ratatui::{
     Frame, Terminal,
     backend::CrosstermBackend,
@@ -277,9 +277,19 @@ pub fn key_help(view: &TopView) -> String {
 /// Pure: it only writes into `frame`.
 pub fn render(frame: &mut Frame, interval: &Interval, view: &TopView) {
     let rows = view.rows(interval);
-    let selected = rows.get(view.selected).copied();
-    let detail_height = detail_height(selected, frame.area().width);
-    let [header, table, detail, footer] = Layout::vertical([
+    // The detail's parts are arranged for the width inside its borders; its height follows.
+    let detail_width = frame.area().width.saturating_sub(2);
+    let detail = rows.get(view.selected).map(|worker| {
+        Detail::new(
+            worker,
+            interval.measured,
+            &view.endpoint_namer,
+            detail_width,
+        )
+    });
+    // With no worker selected, the panel keeps the height of the bytes part.
+    let detail_height = 2 + detail.as_ref().map_or(NET_LINES, Detail::height);
+    let [header, table, detail_area, footer] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Min(4),
         Constraint::Length(detail_height),
@@ -291,13 +301,7 @@ pub fn render(frame: &mut Frame, interval: &Interval, view: &TopView) {
         header,
     );
     render_table(frame, table, &rows, view, interval.measured);
-    render_detail(
-        frame,
-        detail,
-        selected,
-        interval.measured,
-        &view.endpoint_namer,
-    );
+    render_detail(frame, detail_area, detail);
     frame.render_widget(
         Paragraph::new(Line::from(key_help(view)).reversed()),
         footer,
@@ -398,7 +402,8 @@ fn render_table(
     let names_tell_more = rows.iter().any(|worker| {
         let name = super::table::worker_name(worker);
         let label = worker_label(worker);
-        label.rsplit('/').next() != Some(name.as_str())
+        // The root's tail is empty; its name is its path.
+        label != name && label.rsplit('/').next() != Some(name.as_str())
     });
     let shown = visible_columns(area.width, view.sort.title(), names_tell_more);
     // What WORKER gets: the width left after the other columns shown and their spaces.
@@ -503,36 +508,158 @@ fn aligned(text: String, column: usize) -> Cell<'static> {
     })
 }
 
-/// Width of one per-CPU cell in the detail panel: `cpu 12 ▕██████████▏ 1.00`.
-const CPU_CELL_WIDTH: usize = 23;
+/// Width of one per-CPU cell in the detail panel: `cpu12  ▕██████████▏ 1.00`.
+const CPU_CELL_WIDTH: usize = 24;
 /// Cells of the per-CPU bar (one cell is a tenth of a core).
 const BAR_CELLS: usize = 10;
-/// Width of the delays column of the detail panel.
-const DELAYS_WIDTH: u16 = 43;
-/// Width of the per-family bytes column of the detail panel.
-const NET_WIDTH: u16 = 46;
-/// Lines the delays and bytes columns need.
-const FIXED_DETAIL_LINES: u16 = 9;
+/// Narrowest the per-CPU part gets: its heading, `per-CPU cores, total 128.00`.
+const CPU_PART_MIN_WIDTH: u16 = 27;
+/// Width of the thread-time part: its widest line, `runq p50 ≤16.4ms p90 ≤16.4ms p99 ≤16.4ms`.
+const DELAYS_WIDTH: u16 = 40;
+/// Width of the bytes part: its widest line, an endpoint row (label, two rates, wait).
+const NET_WIDTH: u16 = 48;
+/// Blank columns between parts placed side by side, so no two ever touch.
+const PART_GAP: u16 = 2;
+/// Endpoints listed in the bytes part, busiest first.
+const ENDPOINTS_SHOWN: usize = 2;
+/// Widest endpoint label before it is shortened in the middle (any IPv4 `ip:port` is whole).
+const ENDPOINT_LABEL_WIDTH: usize = 21;
+/// Lines kept for the thread-time part when measured: heading, four rows, quantiles, waits,
+/// memory. Kept whatever a worker shows, so the panel does not change height from one
+/// selected worker to the next.
+const DELAYS_LINES: u16 = 8;
+/// Lines kept for the bytes part when measured: heading, a row per family, switches, and the
+/// endpoints under their heading.
+const NET_LINES: u16 = (FAMILY_COUNT + ENDPOINTS_SHOWN + 3) as u16;
 
-/// Height of the detail panel: enough for every CPU of the selected worker, borders included.
-fn detail_height(selected: Option<&WorkerStats>, screen_width: u16) -> u16 {
-    let cpus = selected.map_or(0, |worker| worker.cpu_ns_per_cpu.len());
-    let cpu_width = screen_width.saturating_sub(DELAYS_WIDTH + NET_WIDTH + 2) as usize;
-    let per_line = (cpu_width / CPU_CELL_WIDTH).max(1);
-    let cpu_lines = 1 + cpus.div_ceil(per_line) as u16;
-    cpu_lines.max(FIXED_DETAIL_LINES) + 2
+/// How the detail panel's three parts (per-CPU cores, thread time, bytes) are placed. Parts
+/// are never narrowed below their widest line: when they do not fit side by side they are
+/// stacked, so no number is cut and no two columns touch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arrangement {
+    /// All three side by side (terminals 121 columns wide and wider).
+    SideBySide,
+    /// Per-CPU cores across the top, thread time and bytes side by side below (92 to 120
+    /// columns).
+    CpusAbove,
+    /// One above the other (narrower, e.g. 80 columns).
+    Stacked,
 }
 
-/// The selected worker in detail: per-CPU cores beside their total, where its threads' time
-/// went with run-queue wait quantiles, and bytes per socket family.
-fn render_detail(
-    frame: &mut Frame,
-    area: Rect,
-    selected: Option<&WorkerStats>,
-    measured: Measured,
-    namer: &crate::model::endpoints::EndpointNamer,
-) {
-    let Some(worker) = selected else {
+impl Arrangement {
+    /// The arrangement for a panel `width` cells wide inside its borders.
+    fn for_width(width: u16) -> Self {
+        if width >= CPU_PART_MIN_WIDTH + PART_GAP + DELAYS_WIDTH + PART_GAP + NET_WIDTH {
+            Self::SideBySide
+        } else if width >= DELAYS_WIDTH + PART_GAP + NET_WIDTH {
+            Self::CpusAbove
+        } else {
+            Self::Stacked
+        }
+    }
+}
+
+/// The selected worker's detail, its lines made for a panel of a given width: built before
+/// the screen is divided, since the panel's height depends on them.
+struct Detail {
+    title: String,
+    arrangement: Arrangement,
+    cpus: Vec<Line<'static>>,
+    delays: Vec<Line<'static>>,
+    net: Vec<Line<'static>>,
+    /// Lines the thread-time part takes: what it shows, at least what is kept for it.
+    delays_height: u16,
+    /// Lines the bytes part takes, likewise.
+    net_height: u16,
+}
+
+impl Detail {
+    /// The detail of `worker` for a panel `width` cells wide inside its borders.
+    fn new(
+        worker: &WorkerStats,
+        measured: Measured,
+        namer: &crate::model::endpoints::EndpointNamer,
+        width: u16,
+    ) -> Self {
+        let arrangement = Arrangement::for_width(width);
+        let cpu_width = match arrangement {
+            Arrangement::SideBySide => width - (PART_GAP + DELAYS_WIDTH + PART_GAP + NET_WIDTH),
+            Arrangement::CpusAbove | Arrangement::Stacked => width,
+        };
+        let not_measured = |what: &str| Line::from(format!("{what}: not measured"));
+        let mut delays = if measured.delays {
+            delay_lines(worker)
+        } else {
+            vec![not_measured("run queue, I/O and sleep")]
+        };
+        delays.push(memory_line(worker));
+        let net = if measured.net {
+            net_lines(worker, namer)
+        } else {
+            vec![not_measured("socket bytes")]
+        };
+        // What is not measured takes no room kept for it: measurement is fixed for the run,
+        // so the height still holds from one worker to the next.
+        let height = |lines: &[Line], kept: u16, is_measured: bool| {
+            let shown = lines.len() as u16;
+            if is_measured { shown.max(kept) } else { shown }
+        };
+        Self {
+            delays_height: height(&delays, DELAYS_LINES, measured.delays),
+            net_height: height(&net, NET_LINES, measured.net),
+            // Less the spaces around the title.
+            title: super::table::shorten(&worker_label(worker), width.saturating_sub(2).into()),
+            arrangement,
+            cpus: per_cpu_lines(worker, cpu_width),
+            delays,
+            net,
+        }
+    }
+
+    /// Lines the panel takes inside its borders.
+    fn height(&self) -> u16 {
+        let cpus = self.cpus.len() as u16;
+        let (delays, net) = (self.delays_height, self.net_height);
+        match self.arrangement {
+            Arrangement::SideBySide => cpus.max(delays).max(net),
+            Arrangement::CpusAbove => cpus + delays.max(net),
+            Arrangement::Stacked => cpus + delays + net,
+        }
+    }
+
+    /// Where the per-CPU, thread-time and bytes parts go in `inner`.
+    fn areas(&self, inner: Rect) -> [Rect; 3] {
+        let cpus = self.cpus.len() as u16;
+        match self.arrangement {
+            Arrangement::SideBySide => Layout::horizontal([
+                Constraint::Fill(1),
+                Constraint::Length(DELAYS_WIDTH),
+                Constraint::Length(NET_WIDTH),
+            ])
+            .spacing(PART_GAP)
+            .areas(inner),
+            Arrangement::CpusAbove => {
+                let [top, bottom] =
+                    Layout::vertical([Constraint::Length(cpus), Constraint::Fill(1)]).areas(inner);
+                let [delays, net] =
+                    Layout::horizontal([Constraint::Length(DELAYS_WIDTH), Constraint::Fill(1)])
+                        .spacing(PART_GAP)
+                        .areas(bottom);
+                [top, delays, net]
+            }
+            Arrangement::Stacked => Layout::vertical([
+                Constraint::Length(cpus),
+                Constraint::Length(self.delays_height),
+                Constraint::Fill(1),
+            ])
+            .areas(inner),
+        }
+    }
+}
+
+/// Draws the selected worker's detail, or says why there is none.
+fn render_detail(frame: &mut Frame, area: Rect, detail: Option<Detail>) {
+    let Some(detail) = detail else {
         let block = Block::default().borders(Borders::ALL).title(" detail ");
         frame.render_widget(
             Paragraph::new("no worker selected (none active or none matches the filter)")
@@ -543,39 +670,21 @@ fn render_detail(
     };
     let block = Block::default()
         .borders(Borders::ALL)
-        .title(format!(" {} ", worker_label(worker)));
+        .title(format!(" {} ", detail.title));
     let inner = block.inner(area);
     frame.render_widget(block, area);
-    let [cpus, delays, net] = Layout::horizontal([
-        Constraint::Min(CPU_CELL_WIDTH as u16),
-        Constraint::Length(DELAYS_WIDTH),
-        Constraint::Length(NET_WIDTH),
-    ])
-    .areas(inner);
-    frame.render_widget(Paragraph::new(per_cpu_lines(worker, cpus.width)), cpus);
-    let not_measured = |what: &str| vec![Line::from(format!("{what}: not measured"))];
-    frame.render_widget(
-        Paragraph::new(if measured.delays {
-            delay_lines(worker)
-        } else {
-            not_measured("run queue, I/O and sleep")
-        }),
-        delays,
-    );
-    frame.render_widget(
-        Paragraph::new(if measured.net {
-            net_lines(worker, namer)
-        } else {
-            not_measured("socket bytes")
-        }),
-        net,
-    );
+    let [cpus, delays, net] = detail.areas(inner);
+    frame.render_widget(Paragraph::new(detail.cpus), cpus);
+    frame.render_widget(Paragraph::new(detail.delays), delays);
+    frame.render_widget(Paragraph::new(detail.net), net);
 }
 
-/// Per-CPU cores as bars, several CPUs a line, under their total (a split like 0.50 0.50
-/// means one core's work moved between CPUs: the total says how much work there was).
+/// Per-CPU cores as bars, as many CPUs a line as fit `width` whole, under their total (a
+/// split like 0.50 0.50 means one core's work moved between CPUs: the total says how much
+/// work there was).
 fn per_cpu_lines(worker: &WorkerStats, width: u16) -> Vec<Line<'static>> {
-    let per_line = (width as usize / CPU_CELL_WIDTH).max(1);
+    // Cells are joined by one space.
+    let per_line = ((width as usize + 1) / (CPU_CELL_WIDTH + 1)).max(1);
     let mut lines = vec![Line::from(vec![
         Span::raw("per-CPU cores, total "),
         Span::raw(format!("{:.2}", worker.cpu_cores())).bold(),
@@ -635,14 +744,16 @@ fn delay_lines(worker: &WorkerStats) -> Vec<Line<'static>> {
     ]
 }
 
-/// Bytes and calls per socket family over the interval.
+/// Bytes and calls per socket family over the interval, context switches, and the busiest
+/// endpoints.
 fn net_lines(
     worker: &WorkerStats,
     namer: &crate::model::endpoints::EndpointNamer,
 ) -> Vec<Line<'static>> {
+    // Cells joined by spaces never touch, however large a count grows.
     let mut lines = vec![
         Line::from(format!(
-            "{:<6}{:>11}{:>11}{:>9}{:>9}",
+            "{:<6} {:>10} {:>10} {:>8} {:>8}",
             "family", "SEND/s", "RECV/s", "sends", "recvs"
         ))
         .bold(),
@@ -658,31 +769,52 @@ fn net_lines(
     };
     for (name, family) in FAMILY_NAMES.iter().zip(&worker.net) {
         lines.push(Line::from(format!(
-            "{name:<6}{:>11}{:>11}{:>9}{:>9}",
+            "{name:<6} {:>10} {:>10} {:>8} {:>8}",
             rate(family.sent_bytes),
             rate(family.received_bytes),
             family.sent_calls,
             family.received_calls
         )));
     }
-    lines.push(Line::from(format!(
-        "switches: {} voluntary, {} involuntary",
-        worker.voluntary_switches, worker.involuntary_switches
-    )));
+    let voluntary = format!("switches: {} voluntary,", worker.voluntary_switches);
+    let involuntary = format!("{} involuntary", worker.involuntary_switches);
+    // On two lines when the counts are too long for one.
+    if voluntary.len() + 1 + involuntary.len() <= NET_WIDTH as usize {
+        lines.push(Line::from(format!("{voluntary} {involuntary}")));
+    } else {
+        lines.push(Line::from(voluntary));
+        lines.push(Line::from(format!("{:>10}{involuntary}", "")));
+    }
     // The busiest peers.
-    for endpoint in crate::model::endpoints::by_label(namer, &worker.endpoints)
-        .iter()
-        .take(2)
-    {
+    let endpoints = crate::model::endpoints::by_label(namer, &worker.endpoints);
+    if !endpoints.is_empty() {
+        lines.push(
+            Line::from(format!(
+                "{:<ENDPOINT_LABEL_WIDTH$} {:>9} {:>9} {:>6}",
+                "endpoint", "SEND/s", "RECV/s", "waited"
+            ))
+            .bold(),
+        );
+    }
+    for endpoint in endpoints.iter().take(ENDPOINTS_SHOWN) {
         lines.push(Line::from(format!(
-            "{:<22} {:>9} {:>9} waited {}",
-            endpoint.label,
+            "{:<ENDPOINT_LABEL_WIDTH$} {:>9} {:>9} {:>6}",
+            super::table::shorten(&endpoint.label, ENDPOINT_LABEL_WIDTH),
             rate(endpoint.stats.sent_bytes),
             rate(endpoint.stats.received_bytes),
             duration(endpoint.stats.wait_ns)
         )));
     }
     lines
+}
+
+/// Memory in use at the end of the interval and the highest use its source knows of.
+fn memory_line(worker: &WorkerStats) -> Line<'static> {
+    let current = super::table::memory_cell(worker);
+    Line::from(match worker.memory {
+        Some(memory) => format!("memory {current}, peak {}", bytes(memory.peak_bytes)),
+        None => format!("memory {current}"),
+    })
 }
 
 /// A duration in the largest unit that keeps it at least 1, to three significant digits:
@@ -916,6 +1048,219 @@ mod tests {
             assert!(
                 header.contains(title),
                 "{title} missing at 200 columns: {header}"
+            );
+        }
+    }
+
+    /// A busy worker with figures as large as real ones: six CPUs, every family, long
+    /// switch counts, an IPv6 endpoint, hundreds of MiB.
+    fn busy_worker() -> WorkerStats {
+        let path = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b.slice/cri-containerd-4f3a9c1e.scope";
+        let mut worker = WorkerStats {
+            cgroup_id: 9,
+            path: Some(path.into()),
+            interval_ns: 1_000_000_000,
+            cpu_ns_per_cpu: vec![
+                980_000_000,
+                730_000_000,
+                500_000_000,
+                260_000_000,
+                40_000_000,
+                10_000_000,
+            ],
+            voluntary_switches: 12_345_678,
+            involuntary_switches: 9_876_543,
+            memory: Some(crate::model::MemoryReading {
+                current_bytes: 503 << 20,
+                peak_bytes: 1_288_490_188,
+                source: crate::model::MemorySource::Cgroup2,
+            }),
+            ..WorkerStats::default()
+        };
+        let delays = &mut worker.delays;
+        delays.runqueue_wait_ns = 120_000_000;
+        delays.blocked_io_ns = 46_000_000;
+        delays.sleep_ns = 2_300_000_000;
+        delays.runqueue_wait_hist = vec![0; probe_common::cpu::RUNQ_BUCKETS];
+        delays.runqueue_wait_hist[2] = 80; // [2, 4) µs
+        delays.runqueue_wait_hist[10] = 15; // [512, 1024) µs
+        delays.runqueue_wait_hist[14] = 5; // [8, 16) ms
+        delays.wait_ns[0] = 1_900_000_000; // network
+        delays.wait_ns[2] = 300_000_000; // lock
+        // (sent, received, sends, receives) per family, in family order.
+        let families = [
+            (18_245_222, 1_572_864, 123_456, 98_765),
+            (503 << 20, 9_999, 4_567_890, 12),
+            (4_096, 4_096, 1, 1),
+            (0, 0, 0, 0),
+        ];
+        for (family, (sent, received, sends, receives)) in worker.net.iter_mut().zip(families) {
+            family.sent_bytes = sent;
+            family.received_bytes = received;
+            family.sent_calls = sends;
+            family.received_calls = receives;
+        }
+        let endpoint =
+            |addr: [u8; 16], family, sent_bytes, wait_ns| crate::model::endpoints::EndpointDelta {
+                key: probe_common::net::EndpointKey {
+                    cgroup_id: 9,
+                    addr,
+                    port: 5432,
+                    family,
+                    reserved: 0,
+                },
+                stats: probe_common::net::EndpointStats {
+                    sent_bytes,
+                    received_bytes: 1_572_864,
+                    wait_ns,
+                    ..Default::default()
+                },
+            };
+        let mut v4 = [0; 16];
+        v4[..4].copy_from_slice(&[10, 200, 30, 40]);
+        let v6: std::net::Ipv6Addr = "2001:db8:85a3::8a2e:370:7334".parse().expect("an address");
+        worker.endpoints = vec![
+            endpoint(v4, probe_common::net::AF_INET, 18_245_222, 16_400_000),
+            endpoint(v6.octets(), probe_common::net::AF_INET6, 503 << 20, 2_000),
+        ];
+        worker
+    }
+
+    /// Whether `token` stands whole on one of `lines`: after a space, a border or the line's
+    /// start, and before a space, a comma, a border or the line's end, so it is neither cut
+    /// nor run into a neighbour.
+    fn stands_whole(lines: &[&str], token: &str) -> bool {
+        lines.iter().any(|line| {
+            line.match_indices(token).any(|(at, _)| {
+                let before = line[..at].chars().next_back();
+                let after = line[at + token.len()..].chars().next();
+                matches!(before, None | Some(' ' | '│'))
+                    && matches!(after, None | Some(' ' | ',' | '│'))
+            })
+        })
+    }
+
+    #[test]
+    fn detail_panel_stacks_its_parts_rather_than_cut_a_number() {
+        let interval = Interval {
+            workers: vec![busy_worker()],
+            ..interval()
+        };
+        let mut view = TopView::new(10, 6);
+        view.sync(&interval);
+        let v6_label = super::super::table::shorten(
+            "[2001:db8:85a3::8a2e:370:7334]:5432",
+            ENDPOINT_LABEL_WIDTH,
+        );
+        let tokens = [
+            "per-CPU cores, total 2.52",
+            "cpu0",
+            "0.98",
+            "cpu1",
+            "0.73",
+            "cpu2",
+            "0.50",
+            "cpu3",
+            "0.26",
+            "cpu4",
+            "0.04",
+            "cpu5",
+            "0.01",
+            "thread time, % of interval",
+            "on CPU",
+            "252%",
+            "2.52s",
+            "run queue",
+            "12%",
+            "120ms",
+            "blocked IO",
+            "5%",
+            "46.0ms",
+            "sleep",
+            "230%",
+            "2.30s",
+            "runq p50 ≤4.00µs p90 ≤1.02ms p99 ≤16.4ms",
+            "waiting on network 190% lock 30%",
+            "memory 503MiB, peak 1.20GiB",
+            "family",
+            "SEND/s",
+            "RECV/s",
+            "sends",
+            "recvs",
+            "ipv4",
+            "17.4MiB/s",
+            "1.50MiB/s",
+            "123456",
+            "98765",
+            "ipv6",
+            "503MiB/s",
+            "9.76KiB/s",
+            "4567890",
+            "unix",
+            "4.00KiB/s",
+            "other",
+            "0B/s",
+            "switches: 12345678 voluntary,",
+            "9876543 involuntary",
+            "endpoint",
+            "waited",
+            "10.200.30.40:5432",
+            "16.4ms",
+            &v6_label,
+            "2.00µs",
+        ];
+        // The widths asked for, and each side of a change of arrangement, where parts fit
+        // most tightly.
+        for (width, arrangement) in [
+            (80, Arrangement::Stacked),
+            (91, Arrangement::Stacked),
+            (92, Arrangement::CpusAbove),
+            (100, Arrangement::CpusAbove),
+            (110, Arrangement::CpusAbove),
+            (120, Arrangement::CpusAbove),
+            (121, Arrangement::SideBySide),
+            (160, Arrangement::SideBySide),
+            (200, Arrangement::SideBySide),
+        ] {
+            assert_eq!(Arrangement::for_width(width - 2), arrangement, "{width}");
+            let text = screen_text(&interval, &view, width, 60);
+            let detail: Vec<&str> = text
+                .lines()
+                .skip_while(|line| !line.starts_with('┌'))
+                .take_while(|line| !line.starts_with('└'))
+                .collect();
+            assert!(
+                detail[0].starts_with("┌ /kube") && detail[0].contains("4f3a9c1e.scope "),
+                "{width}: title {:?}",
+                detail[0]
+            );
+            for token in tokens {
+                assert!(
+                    stands_whole(&detail, token),
+                    "{width}: {token:?} cut or touching in\n{}",
+                    detail.join("\n")
+                );
+            }
+            // The parts are placed as stated: side by side only where all fit.
+            let line_with = |text: &str| {
+                detail
+                    .iter()
+                    .find(|line| line.contains(text))
+                    .unwrap_or_else(|| panic!("{width}: no {text:?}"))
+            };
+            let cpus = line_with("per-CPU cores");
+            let delays = line_with("thread time");
+            assert_eq!(
+                cpus.contains("thread time") && delays.contains("family"),
+                arrangement == Arrangement::SideBySide,
+                "{width}:\n{}",
+                detail.join("\n")
+            );
+            assert_eq!(
+                delays.contains("family"),
+                arrangement != Arrangement::Stacked,
+                "{width}:\n{}",
+                detail.join("\n")
             );
         }
     }
