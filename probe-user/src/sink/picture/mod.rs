@@ -24,7 +24,7 @@ pub fn format_bytes(bytes: f64) -> String {
         value /= 1024.0;
         unit += 1;
     }
-    if value == value.round() && (unit == 0 || value.abs() >= 100.0) {
+    if value == value.round() {
         format!("{value:.0} {}", UNITS[unit])
     } else if value.abs() < 10.0 {
         // Small values keep two digits (axis steps of 0.2 B/s stay apart).
@@ -64,6 +64,7 @@ mod tests {
         assert_eq!(format_bytes(25.04 * 1048576.0), "25.0 MiB");
         assert_eq!(format_bytes(3.16 * 1048576.0), "3.16 MiB");
         assert_eq!(format_bytes(4096.0), "4 KiB");
+        assert_eq!(format_bytes(16.0 * 1048576.0), "16 MiB");
         assert_eq!(format_bytes(4000.0), "3.91 KiB");
         assert_eq!(format_bytes(f64::NAN), "-");
         assert_eq!(format_seconds(1.5), "1.5");

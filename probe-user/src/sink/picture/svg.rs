@@ -12,7 +12,14 @@
 //! and a browser shows the label on hover. Plotters cannot group elements, so a marker text
 //! is drawn before and after each series and [`Markers::apply`] swaps them for the `<g>` tags.
 
-use plotters::{coord::Shift, prelude::*};
+use plotters::{
+    coord::{
+        Shift,
+        ranged1d::{DefaultFormatting, KeyPointHint},
+        types::RangedCoordf64,
+    },
+    prelude::*,
+};
 
 use super::{
     format_bytes, format_seconds,
@@ -451,8 +458,8 @@ struct LinePanel<'a> {
     id: &'a str,
     title: &'a str,
     y_desc: &'a str,
-    /// Draw log2 of the values (memory spans orders of magnitude across workers; base 2, so
-    /// the axis falls on whole KiB, MiB, GiB).
+    /// Draw log2 of the values (memory spans orders of magnitude across workers) on an axis
+    /// from [`log2_axis`]: ticks on powers of two, one beside every worker's line.
     log: bool,
     /// Formats an axis value (the value itself, not its log).
     format: &'a dyn Fn(f64) -> String,
@@ -485,24 +492,12 @@ fn draw_lines(
                 .collect()
         })
         .collect();
-    let values = lines.iter().flatten().flatten().map(|&(_, y)| y);
-    let (low, high) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(low, high), y| {
-        (low.min(y), high.max(y))
-    });
-    let y_range = if panel.log {
-        // A quarter of a doubling of room above and below; one flat line gets a doubling each way.
-        if low.is_finite() && high > low {
-            (low - 0.33)..(high + 0.33)
-        } else if low.is_finite() {
-            (low - 1.0)..(low + 1.0)
-        } else {
-            0.0..1.0
-        }
-    } else if high.is_finite() && high > 0.0 {
-        0.0..high * 1.1
-    } else {
-        0.0..1.0
-    };
+    let high = lines
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|&(_, y)| y)
+        .fold(f64::NEG_INFINITY, f64::max);
     let nothing = !high.is_finite() || (!panel.log && high <= 0.0);
     let title = if !panel.measured {
         format!("{}: {NOT_MEASURED}", panel.title)
@@ -512,12 +507,46 @@ fn draw_lines(
         panel.title.to_string()
     };
     let (chart_area, legend) = area.split_horizontally(WIDTH - LEGEND_WIDTH);
+    let y_axis = if panel.log {
+        let spans: Vec<(f64, f64)> = lines
+            .iter()
+            .filter_map(|pieces| {
+                let values = pieces.iter().flatten().map(|&(_, y)| y);
+                let (low, peak) = values.fold(
+                    (f64::INFINITY, f64::NEG_INFINITY),
+                    |(lowest, highest), y| (lowest.min(y), highest.max(y)),
+                );
+                peak.is_finite().then_some((low, peak))
+            })
+            .collect();
+        let plot_height_px = f64::from(
+            chart_area
+                .dim_in_pixel()
+                .1
+                .saturating_sub(CHART_CHROME_HEIGHT),
+        );
+        let axis = log2_axis(&spans, plot_height_px);
+        YAxis {
+            scale: axis.range.clone().into(),
+            log2: Some(axis),
+        }
+    } else {
+        let top = if high.is_finite() && high > 0.0 {
+            high * 1.1
+        } else {
+            1.0
+        };
+        YAxis {
+            scale: (0.0..top).into(),
+            log2: None,
+        }
+    };
     let mut chart = ChartBuilder::on(&chart_area)
         .caption(title, (FONT, 16))
         .margin(10)
         .x_label_area_size(40)
         .y_label_area_size(90)
-        .build_cartesian_2d(x_range, y_range)?;
+        .build_cartesian_2d(x_range, y_axis)?;
     let label = |y: &f64| (panel.format)(if panel.log { 2f64.powf(*y) } else { *y });
     chart
         .configure_mesh()
@@ -548,6 +577,152 @@ fn draw_lines(
         legend.draw_text(&short(&worker.label), &text_style(12), (40, y - 7))?;
     }
     Ok(())
+}
+
+/// How much shorter a line panel's plot is than its area: caption, margins and the time
+/// axis's labels (measured on the SVG plotters draws; it only spaces the log axis's labels,
+/// so a few pixels off do no harm).
+const CHART_CHROME_HEIGHT: u32 = 83;
+/// Axis labels closer than this would touch.
+const AXIS_LABEL_GAP_PX: f64 = 16.0;
+/// Light grid lines closer than this would grey the plot over.
+const GRID_LINE_GAP_PX: f64 = 4.0;
+/// A worker's low gets a tick of its own when it is more than this many doublings below its
+/// peak.
+const LOW_TICK_DOUBLINGS: f64 = 2.0;
+/// At most this many evenly spaced ticks fill a log axis where no worker is.
+const LOG_AXIS_EVEN_TICKS: f64 = 6.0;
+
+/// A log2 axis: range, labelled ticks and light grid lines, all in log2 of the value.
+#[derive(Debug, PartialEq)]
+struct Log2Axis {
+    range: std::ops::Range<f64>,
+    ticks: Vec<f64>,
+    doublings: Vec<f64>,
+}
+
+/// A line panel's y axis: plotters' linear scale, with a log panel's own ticks.
+struct YAxis {
+    scale: RangedCoordf64,
+    /// A log panel's ticks and grid; plotters picks a linear panel's.
+    log2: Option<Log2Axis>,
+}
+
+impl Ranged for YAxis {
+    // Labels come from each panel's own formatter.
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        self.scale.map(value, limit)
+    }
+
+    fn key_points<Hint: KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
+        match &self.log2 {
+            None => self.scale.key_points(hint),
+            Some(axis) if hint.weight().allow_light_points() => axis.doublings.clone(),
+            Some(axis) => axis.ticks.clone(),
+        }
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.scale.range()
+    }
+}
+
+/// A log2 axis for workers whose lines span `spans` (low, peak; log2 of the values, busiest
+/// worker first) on a plot `plot_height_px` tall, labelling every worker's range: each peak,
+/// and each low more than [`LOW_TICK_DOUBLINGS`] below it, gets a tick on the power of two
+/// nearest it (within √2), or on its other neighbour (within 2×) when a tick too close to
+/// label beside it took the nearest. Evenly spaced whole doublings fill the rest. Powers of
+/// two read as whole IEC units (1 MiB, 16 MiB, 4 GiB), and a nice step of doublings (1, 2, 5,
+/// 10) keeps even ticks on them.
+fn log2_axis(spans: &[(f64, f64)], plot_height_px: f64) -> Log2Axis {
+    let (low, high) = spans.iter().fold(
+        (f64::INFINITY, f64::NEG_INFINITY),
+        |(lowest, highest), &(low, peak)| (lowest.min(low), highest.max(peak)),
+    );
+    if !low.is_finite() {
+        return Log2Axis {
+            range: 0.0..1.0,
+            ticks: Vec::new(),
+            doublings: Vec::new(),
+        };
+    }
+    let wanted: Vec<f64> = spans
+        .iter()
+        .map(|&(_, peak)| peak)
+        .chain(
+            spans
+                .iter()
+                .filter(|(low, peak)| peak - low > LOW_TICK_DOUBLINGS)
+                .map(|&(low, _)| low),
+        )
+        .collect();
+    // A third of a doubling of room above and below (a doubling each way for one flat line),
+    // and room for the power of two nearest every wanted value.
+    let room = if high > low { 0.33 } else { 1.0 };
+    let (mut start, mut end) = wanted
+        .iter()
+        .fold((low - room, high + room), |(start, end), value| {
+            (start.min(value.round()), end.max(value.round()))
+        });
+    if end.floor() - start.ceil() < 1.0 {
+        // One power of two alone gives no scale: reach the ones around the lines.
+        (start, end) = (start.min(low.floor()), end.max(high.ceil()));
+    }
+    let doubling_px = plot_height_px / (end - start);
+    let gap_doublings = (AXIS_LABEL_GAP_PX / doubling_px).ceil().max(1.0);
+    let free = |ticks: &[f64], tick: f64| {
+        (start..=end).contains(&tick)
+            && ticks
+                .iter()
+                .all(|taken| (taken - tick).abs() >= gap_doublings)
+    };
+    let mut ticks: Vec<f64> = Vec::new();
+    for value in wanted {
+        let nearest = value.round();
+        let other = if nearest <= value {
+            nearest + 1.0
+        } else {
+            nearest - 1.0
+        };
+        if ticks.contains(&nearest) || ticks.contains(&other) {
+            continue;
+        }
+        // When neither is free, a tick within `gap_doublings` already labels this value.
+        if let Some(tick) = [nearest, other]
+            .into_iter()
+            .find(|&tick| free(&ticks, tick))
+        {
+            ticks.push(tick);
+        }
+    }
+    let span = end - start;
+    let even_step = [1.0, 2.0, 5.0, 10.0, 20.0]
+        .into_iter()
+        .find(|&step| step >= gap_doublings && span / step <= LOG_AXIS_EVEN_TICKS)
+        .unwrap_or_else(|| (span / LOG_AXIS_EVEN_TICKS).ceil().max(gap_doublings));
+    let mut tick = (start / even_step).ceil() * even_step;
+    while tick <= end {
+        if free(&ticks, tick) {
+            ticks.push(tick);
+        }
+        tick += even_step;
+    }
+    ticks.sort_by(f64::total_cmp);
+    let grid_step = (GRID_LINE_GAP_PX / doubling_px).ceil().max(1.0);
+    let mut doublings = Vec::new();
+    let mut doubling = (start / grid_step).ceil() * grid_step;
+    while doubling <= end {
+        doublings.push(doubling);
+        doubling += grid_step;
+    }
+    Log2Axis {
+        range: start..end,
+        ticks,
+        doublings,
+    }
 }
 
 /// Small stacked charts, one per worker: the share of its thread time on CPU, waiting for
@@ -778,6 +953,176 @@ mod tests {
         let cut = short(&long);
         assert_eq!(cut.chars().count(), LABEL_CHARS);
         assert!(cut.starts_with('…') && cut.ends_with("tail"));
+    }
+
+    const MIB: f64 = 1024.0 * 1024.0;
+
+    /// A recording's three workers over six ticks, the memory of worker `/w{n}` going
+    /// round `readings[n - 1]` (bytes) tick by tick, and its rendered SVG.
+    fn svg_with_memory(readings: [&[f64]; 3]) -> (Picture, String) {
+        let mut lines = vec![data::header()];
+        for tick in 1..=6 {
+            for id in 1..=3 {
+                lines.push(data::tick(tick, id, tick, 0.1 * id as f64, 0));
+            }
+        }
+        let mut picture =
+            build(&data::recording(&lines), &data::everything(), "r").expect("builds");
+        for (worker, readings) in picture.workers.iter_mut().zip(readings) {
+            for (point, &bytes) in worker.points.iter_mut().zip(readings.iter().cycle()) {
+                point.memory_bytes = Some(bytes as u64);
+            }
+        }
+        let svg = render(
+            &picture,
+            &SvgOptions {
+                busiest: 3,
+                per_cpu: false,
+            },
+        )
+        .expect("draws");
+        (picture, svg)
+    }
+
+    /// `16 MiB`, `3.5 GiB`, `512 B` as bytes; `None` for any other text.
+    fn parse_iec_bytes(text: &str) -> Option<f64> {
+        const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let (number, unit) = text.trim().split_once(' ')?;
+        let power = UNITS.iter().position(|known| *known == unit)?;
+        Some(number.parse::<f64>().ok()? * 1024f64.powi(power as i32))
+    }
+
+    /// The value of attribute `name` in the start tag `tag`.
+    fn attribute<'s>(tag: &'s str, name: &str) -> Option<&'s str> {
+        let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+        tag[start..].split('"').next()
+    }
+
+    /// Every text of `panel_svg` that names bytes, as (bytes, y in pixels).
+    fn byte_labels(panel_svg: &str) -> Vec<(f64, f64)> {
+        panel_svg
+            .split("<text")
+            .skip(1)
+            .filter_map(|element| {
+                let (tag, rest) = element.split_once('>')?;
+                let content = rest.split("</text>").next()?;
+                let y = attribute(tag, "y")?.parse().ok()?;
+                Some((parse_iec_bytes(content)?, y))
+            })
+            .collect()
+    }
+
+    /// The lowest and highest y in pixels of `worker`'s line in `panel_svg`.
+    fn line_extent_px(panel_svg: &str, worker: &str) -> (f64, f64) {
+        let open = format!(r#"class="series" data-panel="memory" data-worker="{worker}""#);
+        let group = panel_svg
+            .split(&open)
+            .nth(1)
+            .and_then(|rest| rest.split("</g>").next())
+            .unwrap_or_else(|| panic!("no memory series of {worker}"));
+        let ys: Vec<f64> = group
+            .split(" points=\"")
+            .skip(1)
+            .flat_map(|points| points.split('"').next().unwrap_or("").split_whitespace())
+            .filter_map(|point| point.split_once(',')?.1.parse().ok())
+            .collect();
+        assert!(!ys.is_empty(), "{worker}'s memory line has no points");
+        ys.iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(top, bottom), &y| {
+                (top.min(y), bottom.max(y))
+            })
+    }
+
+    #[test]
+    fn memory_axis_labels_every_workers_range() {
+        // 14 MiB (from 64 KiB), 300 MiB and 3 GiB: plotters' evenly spaced log ticks (1 MiB,
+        // 32 MiB, 1 GiB) left all three without a label within 2× of their peaks.
+        let small: &[f64] = &[0.0625 * MIB, 12.0 * MIB, 13.0 * MIB, 14.0 * MIB];
+        let middle: &[f64] = &[280.0 * MIB, 290.0 * MIB, 300.0 * MIB];
+        let large: &[f64] = &[2560.0 * MIB, 2900.0 * MIB, 3072.0 * MIB];
+        let (picture, svg) = svg_with_memory([small, middle, large]);
+        let panel = svg
+            .split("Memory in use at each tick")
+            .nth(1)
+            .expect("a memory panel");
+        let labels = byte_labels(panel);
+        // The axis: pixels per doubling, from its outermost labels.
+        assert!(labels.len() >= 2, "{labels:?}");
+        let (first, last) = (labels[0], labels[labels.len() - 1]);
+        let doubling_px = ((first.1 - last.1) / (last.0 / first.0).log2()).abs();
+        assert!(doubling_px > 2.0, "{labels:?}");
+        for worker in &picture.workers {
+            let peak = worker
+                .points
+                .iter()
+                .filter_map(|point| point.memory_bytes)
+                .max()
+                .expect("readings") as f64;
+            let (top_px, bottom_px) = line_extent_px(panel, &worker.path);
+            let labelled = labels.iter().any(|&(bytes, y)| {
+                (peak / 2.0..=peak * 2.0).contains(&bytes)
+                    && (top_px - doubling_px..=bottom_px + doubling_px).contains(&y)
+            });
+            assert!(
+                labelled,
+                "{} (peak {}, drawn at y {top_px}..{bottom_px}) has no label within 2× beside \
+                 its line: {labels:?}",
+                worker.path,
+                format_bytes(peak)
+            );
+        }
+    }
+
+    #[test]
+    fn log2_ticks_sit_beside_every_peak_and_far_low() {
+        let log2 = |mib: f64| (mib * MIB).log2();
+        // (low, peak): a worker from 64 KiB to 14 MiB, two close together, one of GiB.
+        let spans = [
+            (log2(3072.0), log2(3072.0)),
+            (log2(0.0625), log2(14.0)),
+            (log2(11.5), log2(11.5)),
+            (log2(22.0), log2(22.0)),
+            (log2(300.0), log2(300.0)),
+        ];
+        for plot_height_px in [80.0, 197.0, 600.0] {
+            let axis = log2_axis(&spans, plot_height_px);
+            let doubling_px = plot_height_px / (axis.range.end - axis.range.start);
+            for pair in axis.ticks.windows(2) {
+                assert!(
+                    (pair[1] - pair[0]) * doubling_px >= AXIS_LABEL_GAP_PX,
+                    "labels touch at {plot_height_px} px: {axis:?}"
+                );
+            }
+            for tick in &axis.ticks {
+                assert_eq!(tick.fract(), 0.0, "{tick} is not a power of two");
+                assert!(
+                    (axis.range.start..=axis.range.end).contains(tick),
+                    "{axis:?}"
+                );
+            }
+            // Every peak, and the far low, within a doubling (2×) of a tick, unless the
+            // plot is too short for a label per doubling.
+            let within = if doubling_px >= AXIS_LABEL_GAP_PX {
+                1.0
+            } else {
+                (AXIS_LABEL_GAP_PX / doubling_px).ceil()
+            };
+            for value in spans.iter().map(|&(_, peak)| peak).chain([log2(0.0625)]) {
+                assert!(
+                    axis.ticks.iter().any(|tick| (tick - value).abs() <= within),
+                    "{value} unlabelled at {plot_height_px} px: {axis:?}"
+                );
+            }
+        }
+        // Lines within one doubling still get a power of two on either side.
+        let narrow = log2_axis(&[(log2(11.5), log2(11.5)), (log2(22.0), log2(22.0))], 197.0);
+        assert_eq!(
+            narrow.ticks,
+            [log2(8.0), log2(16.0), log2(32.0)],
+            "{narrow:?}"
+        );
+        // No worker: an empty axis, not a panic.
+        assert!(log2_axis(&[], 197.0).ticks.is_empty());
     }
 
     #[test]
