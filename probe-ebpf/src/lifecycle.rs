@@ -44,7 +44,7 @@ pub fn process_exit(ctx: BtfTracePointContext) -> u32 {
     if let Some(peak) = PROCESS_PEAKS.get_ptr_mut(cgroup_id) {
         // SAFETY: this CPU's value; no other writer while we run.
         unsafe { *peak = (*peak).max(pages) };
-    } else if PROCESS_PEAKS.insert(cgroup_id, &pages, 0).is_err() {
+    } else if PROCESS_PEAKS.insert(cgroup_id, pages, 0).is_err() {
         count_drop(DROP_PROCESS_PEAKS);
     }
     0

@@ -471,6 +471,7 @@ fn exec_cgroup_has_processes(mount: &Path, agent_pid: u32) -> bool {
 }
 
 /// Runs `command` in `dir` and reaps it with wait4, for the kernel's own `ru_maxrss` (bytes).
+#[expect(clippy::zombie_processes, reason = "reaped by wait4, for its rusage")]
 fn run_for_max_rss(command: &mut Command, dir: &Path) -> u64 {
     command.stdout(Stdio::null());
     let child = cgroup::spawn_in_cgroup(command, dir).expect("spawn");

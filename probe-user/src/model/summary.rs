@@ -192,8 +192,9 @@ pub struct SummaryMemory {
 
 impl SummaryMemory {
     /// The best peak known at a worker's end: the memory cgroup's own high-water mark where it
-    /// had one, else what the samples saw, or the largest process peak the kernel kept when
-    /// that is higher than a sampled peak (always, for a worker that ended before any sample).
+    /// had one (cgroup2 at removal, or a v1 memory cgroup's as last read), else what the
+    /// samples saw, or the largest process peak the kernel kept when that is higher than a
+    /// sampled peak (always, for a worker that ended before any sample).
     pub fn at_exit(
         sampled: Option<MemoryReading>,
         sampled_peak_bytes: u64,
@@ -212,8 +213,10 @@ impl SummaryMemory {
         let process_peak = kernel.largest_process_peak_bytes;
         match (sampled, sampled_peak) {
             (Some(reading), Some(peak_bytes))
-                if reading.source == MemorySource::Cgroup2
-                    || process_peak.is_none_or(|process| process <= peak_bytes) =>
+                if !matches!(
+                    reading.source,
+                    MemorySource::Rss | MemorySource::Cgroup2Current
+                ) || process_peak.is_none_or(|process| process <= peak_bytes) =>
             {
                 Some(Self {
                     peak_bytes,
