@@ -5,7 +5,6 @@
 //! switch (some kernels hide a few tasks' switches from tracing).
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map},
     maps::{PerCpuArray, PerCpuHashMap},
     programs::BtfTracePointContext,
@@ -20,7 +19,7 @@ use probe_common::{
     },
 };
 
-use crate::task::{self, BLOCKED_IO, MOVED_ASLEEP, RUNNING, SLEEPING, Task, TaskState};
+use crate::task::{self, BLOCKED_IO, RUNNING, SLEEPING, Task, TaskState};
 
 /// `prev_state` bits (include/linux/sched.h).
 const TASK_UNINTERRUPTIBLE: u64 = 0x2;
@@ -81,75 +80,6 @@ pub fn switch_waits(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
-/// `cgroup_attach_task(struct cgroup *dst_cgrp, const char *path, struct task_struct *task,
-/// bool threadgroup)`, CPU accounting only.
-#[btf_tracepoint(function = "cgroup_attach_task")]
-pub fn moved_cpu(ctx: BtfTracePointContext) -> u32 {
-    on_move::<false>(&ctx);
-    0
-}
-
-/// `cgroup_attach_task`, with the delays: a sleep in progress is split at the move.
-#[btf_tracepoint(function = "cgroup_attach_task")]
-pub fn moved_full(ctx: BtfTracePointContext) -> u32 {
-    on_move::<true>(&ctx);
-    0
-}
-
-/// A task was moved to another cgroup (rare). What it did since it was last accounted goes to
-/// the cgroup it left, as the kernel's `cpu.stat` charges it: its CPU time as far as the
-/// scheduler has charged it, its run-queue waits, and (`DELAYS`) the part of a sleep in
-/// progress before the move, split at its wakeup. The kernel tells the moved process's leader
-/// only: its other threads running at that moment have their slice charged to the new cgroup.
-#[inline(always)]
-fn on_move<const DELAYS: bool>(ctx: &BtfTracePointContext) {
-    let destination: task::Cgroup = ctx.arg(0);
-    // v1 controllers' hierarchies fire this too; workers are cgroup2 cgroups.
-    if !task::is_cgroup2(destination) {
-        return;
-    }
-    let moved: Task = ctx.arg(2);
-    let Some(state) = task::state(moved) else {
-        count_drop(DROP_TASK_STATE);
-        return;
-    };
-    let new_cgroup_id = task::id_of_cgroup(destination);
-    let old_cgroup_id = if state.flags & task::SEEN != 0 {
-        state.cgroup_id
-    } else {
-        // Not accounted yet: the cgroup it was forked in, and its account starts at its
-        // switch-in here if it is the task on this CPU (a new process moving itself).
-        start_account(state, moved);
-        if let Some(last) = LAST_SWITCH.get_ptr(0) {
-            // SAFETY: per-CPU slot; preemption is off inside the tracepoint.
-            let since = unsafe { *last };
-            if since.next_task == moved as u64 {
-                state.accounted_runtime_ns = since.next_accounted_runtime_ns;
-            }
-        }
-        task::cgroup_id(task::parent(moved))
-    };
-    state.cgroup_id = new_cgroup_id;
-    if old_cgroup_id == new_cgroup_id || old_cgroup_id == 0 {
-        return;
-    }
-    let runtime_ns = task::sum_exec_runtime_ns(moved);
-    let slice_ns = runtime_ns.saturating_sub(state.accounted_runtime_ns);
-    state.accounted_runtime_ns = runtime_ns;
-    let Some(stats) = stats_of(old_cgroup_id) else {
-        count_drop(DROP_CPU_STATS);
-        return;
-    };
-    // SAFETY: this CPU's value; no other writer while we run.
-    unsafe { add_time::<DELAYS>(&mut *stats, state, moved, slice_ns) };
-    if DELAYS && state.state != RUNNING {
-        state.flags |= MOVED_ASLEEP;
-        state.moved_from_cgroup_id = old_cgroup_id;
-        // SAFETY: a helper without arguments.
-        state.moved_at_ns = unsafe { bpf_ktime_get_ns() };
-    }
-}
-
 /// `sched_wakeup(struct task_struct *p)`: a sleeping task became runnable.
 #[btf_tracepoint(function = "sched_wakeup")]
 pub fn wakeup(ctx: BtfTracePointContext) -> u32 {
@@ -190,11 +120,7 @@ fn on_wakeup(task: Task) {
         _ => return, // woken before it got off the CPU
     };
     state.state = RUNNING;
-    let mut slept_here_ns = slept_ns;
-    if state.flags & MOVED_ASLEEP != 0 {
-        slept_here_ns -= charge_sleep_before_move(state, slept_ns, blocked_io);
-    }
-    charge_sleep(state, task, slept_here_ns, blocked_io);
+    charge_sleep(state, task, slept_ns, blocked_io);
     if state.reason == WAIT_NETWORK {
         // For the socket programs to charge to the peer when this call returns.
         if state.unclaimed_syscall != state.sleep_syscall {
@@ -235,40 +161,6 @@ fn charge_sleep(state: &mut TaskState, task: Task, slept_ns: u64, blocked_io: bo
     let reason = state.reason as usize & (WAIT_REASONS - 1);
     stats.wait_ns[reason] += slept_ns;
     stats.waits[reason] += 1;
-}
-
-/// Rare path: the task was moved to another cgroup while it slept. The part of the sleep
-/// before the move goes to the cgroup it left (without a wakeup: the wakeup is the new
-/// cgroup's); returns that part. The move's time is on CLOCK_MONOTONIC and the sleep on the
-/// rq clock, so only differences of each are used.
-#[inline(never)]
-fn charge_sleep_before_move(state: &mut TaskState, slept_ns: u64, blocked_io: bool) -> u64 {
-    state.flags &= !MOVED_ASLEEP;
-    // SAFETY: a helper without arguments.
-    let since_move_ns = unsafe { bpf_ktime_get_ns() }.saturating_sub(state.moved_at_ns);
-    let before_ns = slept_ns.saturating_sub(since_move_ns);
-    let Some(stats) = stats_of(state.moved_from_cgroup_id) else {
-        count_drop(DROP_CPU_STATS);
-        return 0;
-    };
-    // SAFETY: this CPU's value; no other writer while we run.
-    let stats = unsafe { &mut *stats };
-    if blocked_io {
-        stats.blocked_io_ns += before_ns;
-    } else {
-        stats.sleep_ns += before_ns;
-    }
-    stats.wait_ns[state.reason as usize & (WAIT_REASONS - 1)] += before_ns;
-    before_ns
-}
-
-/// A cgroup's counters on this CPU, made if it has none yet; `None` when the map is full.
-#[inline(always)]
-fn stats_of(cgroup_id: u64) -> Option<*mut CpuStats> {
-    match CPU_STATS.get_ptr_mut(cgroup_id) {
-        Some(stats) => Some(stats),
-        None => insert_zero_stats(cgroup_id),
-    }
 }
 
 /// Rare path: the task slept and ran again, but no `sched_wakeup` reached us (on 6.18, about
@@ -314,7 +206,6 @@ fn start_account(state: &mut TaskState, task: Task) {
     (state.accounted_utime_ns, state.accounted_stime_ns) = task::utime_stime_ns(task);
     state.accounted_run_delay_ns = task::run_delay_ns(task);
     state.accounted_arrivals = task::arrivals(task);
-    state.cgroup_id = task::cgroup_id(task);
     state.state = RUNNING;
     state.flags |= task::SEEN;
 }
@@ -391,7 +282,6 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
         go_off_cpu::<WAITS>(state, prev, voluntary, prev_state, slice_ns);
     }
     let cgroup_id = task::cgroup_id(prev);
-    state.cgroup_id = cgroup_id;
     if let Some(stats) = CPU_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: per-CPU value of this CPU; no other writer while we run.
         unsafe { add_slice::<DELAYS>(&mut *stats, state, prev, slice_ns, voluntary) };
@@ -458,8 +348,8 @@ fn wait_reason(prev: Task, uninterruptible: bool) -> (u32, i64) {
     (reason, nr)
 }
 
-/// Adds a slice and its switch, and with `DELAYS` the task's run-queue waits and pending
-/// sleeps, to its cgroup's counters.
+/// Adds a slice, and with `DELAYS` the task's run-queue waits and pending sleeps, to its
+/// cgroup's counters.
 #[inline(always)]
 fn add_slice<const DELAYS: bool>(
     stats: &mut CpuStats,
@@ -468,23 +358,6 @@ fn add_slice<const DELAYS: bool>(
     slice_ns: u64,
     voluntary: bool,
 ) {
-    if voluntary {
-        stats.voluntary_switches += 1;
-    } else {
-        stats.involuntary_switches += 1;
-    }
-    add_time::<DELAYS>(stats, state, prev, slice_ns);
-}
-
-/// Adds CPU time, and with `DELAYS` the run-queue waits and pending sleeps not yet accounted,
-/// to a cgroup's counters.
-#[inline(always)]
-fn add_time<const DELAYS: bool>(
-    stats: &mut CpuStats,
-    state: &mut TaskState,
-    prev: Task,
-    slice_ns: u64,
-) {
     stats.on_cpu_ns += slice_ns;
     // The tick-sampled split of the slices, scaled to their precise length in user space.
     let (utime, stime) = task::utime_stime_ns(prev);
@@ -492,6 +365,11 @@ fn add_time<const DELAYS: bool>(
     stats.system_tick_ns += stime.saturating_sub(state.accounted_stime_ns);
     state.accounted_utime_ns = utime;
     state.accounted_stime_ns = stime;
+    if voluntary {
+        stats.voluntary_switches += 1;
+    } else {
+        stats.involuntary_switches += 1;
+    }
     if !DELAYS {
         return;
     }

@@ -69,8 +69,6 @@ static SIGNAL_MAXRSS_OFFSET: Global<u32> = Global::new(0);
 static CGROUP_MEMORY_CSS_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static MEMCG_WATERMARK_OFFSET: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static TASK_REAL_PARENT_OFFSET: Global<u32> = Global::new(0);
 
 /// A `struct task_struct *` from a tracepoint argument (or the current task).
 pub type Task = *const u8;
@@ -236,13 +234,6 @@ pub fn max_rss_pages(task: Task) -> u64 {
     }
 }
 
-/// The task's parent (`real_parent`), for the cgroup it was forked in.
-#[inline(always)]
-pub fn parent(task: Task) -> Task {
-    // SAFETY: BTF-checked load through the task pointer.
-    unsafe { field(task, TASK_REAL_PARENT_OFFSET.load()) }
-}
-
 /// A cgroup's memory high-water mark in pages (`memory.peak`); 0 when it has no memory
 /// controller of its own (or the kernel none at all).
 #[inline(always)]
@@ -315,20 +306,10 @@ pub struct TaskState {
     pub unclaimed_net_wait_ns: u64,
     /// How many sleeps `unclaimed_net_wait_ns` holds.
     pub unclaimed_net_waits: u64,
-    /// The cgroup its time since the last accounting belongs to: where it was then, or where
-    /// a move took it since.
-    pub cgroup_id: u64,
-    /// With `MOVED_ASLEEP`: the cgroup it slept in before the move.
-    pub moved_from_cgroup_id: u64,
-    /// With `MOVED_ASLEEP`: CLOCK_MONOTONIC ns of the move.
-    pub moved_at_ns: u64,
 }
 
 /// [`TaskState::flags`]: the baselines are set.
 pub const SEEN: u32 = 1;
-/// [`TaskState::flags`]: it was moved to another cgroup while asleep; its wakeup splits the
-/// sleep at the move.
-pub const MOVED_ASLEEP: u32 = 2;
 /// [`TaskState::state`]: on a CPU or runnable.
 pub const RUNNING: u32 = 0;
 /// In uninterruptible sleep (D).

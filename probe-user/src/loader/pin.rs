@@ -170,7 +170,6 @@ impl Meta {
             ("inode.i_mode", loaded.wait.inode_i_mode),
             ("pt_regs.orig_ax", loaded.wait.pt_regs_orig_ax),
             ("pt_regs.di", loaded.wait.pt_regs_di),
-            ("task_struct.real_parent", task.real_parent),
             ("task_struct.signal", loaded.memory.task_signal),
             ("signal_struct.maxrss", loaded.memory.signal_maxrss),
             ("cgroup.subsys[memory]", loaded.memory.cgroup_memory_css),
@@ -302,8 +301,26 @@ fn validate(dir: &Path) -> Result<(), UserError> {
     check_pin_dir(dir, &bpffs_mounts(&mountinfo)).map_err(UserError::BadInput)
 }
 
-/// The set's description, `None` if DIR has no `meta`.
+/// The set's description, `None` if DIR has no `meta`; a set of another format is refused.
 fn read_meta(dir: &Path) -> anyhow::Result<Option<Meta>> {
+    let meta = read_meta_of_any_format(dir)?;
+    if let Some(meta) = &meta
+        && meta.format_version != FORMAT_VERSION
+    {
+        return Err(UserError::BadInput(format!(
+            "{} holds a pin set of format {} that this workerprobe (format {FORMAT_VERSION}) cannot read: run the workerprobe that made it, or `workerprobe unpin {}`",
+            dir.display(),
+            meta.format_version,
+            dir.display()
+        ))
+        .into());
+    }
+    Ok(meta)
+}
+
+/// The set's description whatever its format (the entries are named alike in every format,
+/// so `unpin` removes an older set).
+fn read_meta_of_any_format(dir: &Path) -> anyhow::Result<Option<Meta>> {
     let path = dir.join(META);
     match std::fs::read_link(&path) {
         Ok(target) => {
@@ -315,15 +332,6 @@ fn read_meta(dir: &Path) -> anyhow::Result<Option<Meta>> {
                     dir.display()
                 ))
             })?;
-            if meta.format_version != FORMAT_VERSION {
-                return Err(UserError::BadInput(format!(
-                    "{} holds a pin set of format {} that this workerprobe (format {FORMAT_VERSION}) cannot read: run the workerprobe that made it, or `workerprobe unpin {}`",
-                    dir.display(),
-                    meta.format_version,
-                    dir.display()
-                ))
-                .into());
-            }
             Ok(Some(meta))
         }
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -520,7 +528,7 @@ pub fn unpin(dir: &Path) -> anyhow::Result<Unpinned> {
     if !dir.is_dir() {
         return Err(not_a_set().into());
     }
-    let meta = read_meta(dir)?.ok_or_else(not_a_set)?;
+    let meta = read_meta_of_any_format(dir)?.ok_or_else(not_a_set)?;
     let _lock = lock(dir)?;
     let mut unpinned = Unpinned::default();
     for program in &meta.programs {

@@ -77,26 +77,16 @@ const SCHED_SWITCH: Need = Need::Tracepoint {
     args: 4,
 };
 
-/// A thread moved to another cgroup: its time until the move goes to the cgroup it left.
-const ATTACH_TASK: Need = Need::Tracepoint {
-    name: "cgroup_attach_task",
-    args: 3,
-};
-
 const CPU: &[Variant] = &[Variant {
-    name: "tp_btf sched_switch, cgroup_attach_task",
-    needs: &[SCHED_SWITCH, ATTACH_TASK, Need::TaskStorage],
-    programs: &[
-        tp("switch_cpu", "sched_switch"),
-        tp("moved_cpu", "cgroup_attach_task"),
-    ],
+    name: "tp_btf sched_switch",
+    needs: &[SCHED_SWITCH, Need::TaskStorage],
+    programs: &[tp("switch_cpu", "sched_switch")],
 }];
 
 const DELAYS: &[Variant] = &[Variant {
-    name: "tp_btf sched_switch, sched_wakeup, cgroup_attach_task",
+    name: "tp_btf sched_switch, sched_wakeup",
     needs: &[
         SCHED_SWITCH,
-        ATTACH_TASK,
         Need::Tracepoint {
             name: "sched_wakeup",
             args: 1,
@@ -112,15 +102,13 @@ const DELAYS: &[Variant] = &[Variant {
         tp("switch_full", "sched_switch"),
         tp("wakeup", "sched_wakeup"),
         tp("wakeup_new", "sched_wakeup_new"),
-        tp("moved_full", "cgroup_attach_task"),
     ],
 }];
 
 const WAITS: &[Variant] = &[Variant {
-    name: "tp_btf sched_switch with wait reasons, sched_wakeup, cgroup_attach_task",
+    name: "tp_btf sched_switch with wait reasons, sched_wakeup",
     needs: &[
         SCHED_SWITCH,
-        ATTACH_TASK,
         Need::Tracepoint {
             name: "sched_wakeup",
             args: 1,
@@ -136,7 +124,6 @@ const WAITS: &[Variant] = &[Variant {
         tp("switch_waits", "sched_switch"),
         tp("wakeup", "sched_wakeup"),
         tp("wakeup_new", "sched_wakeup_new"),
-        tp("moved_full", "cgroup_attach_task"),
     ],
 }];
 
@@ -590,7 +577,6 @@ mod tests {
             ("cgroup_mkdir", 2),
             ("cgroup_rmdir", 2),
             ("sched_process_exit", 1),
-            ("cgroup_attach_task", 4),
         ] {
             features.tracepoints.insert(name.into(), args);
         }
@@ -638,7 +624,6 @@ mod tests {
             [
                 "cgroup_mkdir",
                 "cgroup_rmdir",
-                "moved_full",
                 "process_exit",
                 "sock_recv",
                 "sock_send",
@@ -690,20 +675,20 @@ mod tests {
         let features = linux_6_1();
         assert_eq!(
             names(&Plan::new(&[ProgramGroup::Cpu], &features)),
-            ["moved_cpu", "switch_cpu"]
+            ["switch_cpu"]
         );
         assert_eq!(
             names(&Plan::new(
                 &[ProgramGroup::Cpu, ProgramGroup::Delays],
                 &features
             )),
-            ["moved_full", "switch_full", "wakeup", "wakeup_new"]
+            ["switch_full", "wakeup", "wakeup_new"]
         );
         // Without run-queue accounting the CPU program takes over.
         let mut no_sched_info = features.clone();
         no_sched_info.sched_info = false;
         let plan = Plan::new(&[ProgramGroup::Cpu, ProgramGroup::Delays], &no_sched_info);
-        assert_eq!(names(&plan), ["moved_cpu", "switch_cpu"]);
+        assert_eq!(names(&plan), ["switch_cpu"]);
         assert!(plan.measured().cpu && !plan.measured().delays);
         assert_eq!(
             names(&Plan::new(&[ProgramGroup::Floor], &features)),
@@ -743,7 +728,6 @@ mod tests {
             [
                 "cgroup_mkdir",
                 "cgroup_rmdir",
-                "moved_full",
                 "process_exit",
                 "switch_full",
                 "wakeup",
@@ -754,13 +738,7 @@ mod tests {
         plan.fall_back(ProgramGroup::Delays, "no".into());
         assert_eq!(
             names(&plan),
-            [
-                "cgroup_mkdir",
-                "cgroup_rmdir",
-                "moved_cpu",
-                "process_exit",
-                "switch_cpu"
-            ]
+            ["cgroup_mkdir", "cgroup_rmdir", "process_exit", "switch_cpu"]
         );
     }
 
