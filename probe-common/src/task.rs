@@ -30,6 +30,8 @@ pub const KERNFS_NODE_ID_OFFSET_GLOBAL: &str = "KERNFS_NODE_ID_OFFSET";
 pub const UTIME_OFFSET_GLOBAL: &str = "TASK_UTIME_OFFSET";
 /// Global: `offsetof(struct task_struct, stime)` (tick-sampled system time, ns).
 pub const STIME_OFFSET_GLOBAL: &str = "TASK_STIME_OFFSET";
+/// Global: `offsetof(struct task_struct, tgid)` (the process id).
+pub const TGID_OFFSET_GLOBAL: &str = "TASK_TGID_OFFSET";
 /// Global: `offsetof(struct task_struct, flags)` (PF_KTHREAD tells kernel threads).
 pub const FLAGS_OFFSET_GLOBAL: &str = "TASK_FLAGS_OFFSET";
 /// Global: `offsetof(struct task_struct, files)`.
@@ -98,6 +100,8 @@ pub struct TaskOffsets {
     pub utime: u32,
     /// `task_struct.stime`.
     pub stime: u32,
+    /// `task_struct.tgid`.
+    pub tgid: u32,
 }
 
 /// Offsets in `task_struct.sched_info`, the scheduler's own run-queue accounting (rq clock).

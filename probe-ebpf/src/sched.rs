@@ -5,8 +5,9 @@
 //! switch (some kernels hide a few tasks' switches from tracing).
 
 use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map},
-    maps::{PerCpuArray, PerCpuHashMap},
+    maps::{LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::BtfTracePointContext,
 };
 use probe_common::{
@@ -33,6 +34,21 @@ static CPU_STATS: PerCpuHashMap<u64, CpuStats> =
 /// Slot 0: this CPU's last switch, read by user space to add the slice still running.
 #[map]
 static LAST_SWITCH: PerCpuArray<LastSwitch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Where a process (or a thread moved alone) was last moved to, and when.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Move {
+    /// cgroup id it was moved into.
+    to_cgroup_id: u64,
+    /// CLOCK_MONOTONIC ns of the move.
+    at_ns: u64,
+}
+
+/// Process id (or thread id, for a thread moved alone) → its last move. Recent moves only:
+/// a thread reads its process's entry at its next switch-out or wakeup.
+#[map]
+static MOVES: LruHashMap<u32, Move> = LruHashMap::with_max_entries(4096, 0);
 
 /// Failed inserts, one slot per map (see `probe_common::drops`).
 #[map]
@@ -78,6 +94,122 @@ pub fn switch_full(ctx: BtfTracePointContext) -> u32 {
 pub fn switch_waits(ctx: BtfTracePointContext) -> u32 {
     on_switch::<true, true>(&ctx);
     0
+}
+
+/// `cgroup_attach_task(struct cgroup *dst_cgrp, const char *path, struct task_struct *task,
+/// bool threadgroup)`: a process (`threadgroup`, named by its leader) or one thread was moved
+/// to another cgroup. Rare. Only the move is noted: each of its threads splits what it did
+/// since it was last accounted at the move itself, at its own next switch-out or wakeup (the
+/// kernel names the leader only, and a thread's counters are written on its own CPU).
+#[btf_tracepoint(function = "cgroup_attach_task")]
+pub fn moved(ctx: BtfTracePointContext) -> u32 {
+    let destination: task::Cgroup = ctx.arg(0);
+    // v1 controllers' hierarchies fire this too; workers are cgroup2 cgroups.
+    if !task::is_cgroup2(destination) {
+        return 0;
+    }
+    let leader: Task = ctx.arg(2);
+    let threadgroup = ctx.arg::<u64>(3) & 1 != 0;
+    let key = if threadgroup {
+        task::tgid(leader)
+    } else {
+        task::tid(leader)
+    };
+    let moved = Move {
+        to_cgroup_id: task::id_of_cgroup(destination),
+        // SAFETY: a helper without arguments.
+        at_ns: unsafe { bpf_ktime_get_ns() },
+    };
+    let _ = MOVES.insert(&key, &moved, 0);
+    0
+}
+
+/// How long ago the task was moved into `cgroup_id` (its process's move, or its own), if
+/// that is where it went.
+#[inline(always)]
+fn since_moved_ns(task: Task, cgroup_id: u64) -> Option<u64> {
+    // SAFETY: LRU hash values are read whole; a racing update gives the old or new move.
+    let moved = unsafe {
+        MOVES
+            .get(&task::tid(task))
+            .or_else(|| MOVES.get(&task::tgid(task)))
+    }?;
+    if moved.to_cgroup_id != cgroup_id {
+        return None;
+    }
+    // SAFETY: a helper without arguments.
+    Some(unsafe { bpf_ktime_get_ns() }.saturating_sub(moved.at_ns))
+}
+
+/// Rare path: the task's slice ends in another cgroup than it began in. The part before the
+/// move (its length less the time since the move, as it ran throughout) goes to the cgroup it
+/// left, with its share of the tick-sampled user/system time; returns that part. As the
+/// kernel's `cpu.stat` charges it: what ran before the move, to the cgroup it ran in (to within
+/// the scheduler's update before the move, at most a tick). Without a known move, or with the
+/// cgroup it left gone from the map, all of it stays with the new cgroup.
+#[inline(never)]
+fn charge_slice_before_move(
+    state: &mut TaskState,
+    prev: Task,
+    cgroup_id: u64,
+    slice_ns: u64,
+) -> u64 {
+    let from_cgroup_id = state.cgroup_id;
+    state.cgroup_id = cgroup_id;
+    let Some(since_ns) = since_moved_ns(prev, cgroup_id) else {
+        return 0;
+    };
+    let before_ns = slice_ns.saturating_sub(since_ns);
+    if before_ns == 0 {
+        return 0;
+    }
+    // Not made if missing: the cgroup left may be gone and summarised already.
+    let Some(stats) = CPU_STATS.get_ptr_mut(from_cgroup_id) else {
+        return 0;
+    };
+    // SAFETY: this CPU's value; no other writer while we run.
+    let stats = unsafe { &mut *stats };
+    let (utime, stime) = task::utime_stime_ns(prev);
+    let user_before_ns = utime.saturating_sub(state.accounted_utime_ns) * before_ns / slice_ns;
+    let system_before_ns = stime.saturating_sub(state.accounted_stime_ns) * before_ns / slice_ns;
+    stats.on_cpu_ns += before_ns;
+    stats.user_tick_ns += user_before_ns;
+    stats.system_tick_ns += system_before_ns;
+    state.accounted_utime_ns += user_before_ns;
+    state.accounted_stime_ns += system_before_ns;
+    before_ns
+}
+
+/// Rare path: the task woke in another cgroup than it fell asleep in. The part of the sleep
+/// before the move goes to the cgroup it left (its wakeup counts in the new one); returns
+/// that part. The move is on CLOCK_MONOTONIC and the sleep on the rq clock: only a difference
+/// of each is used.
+#[inline(never)]
+fn charge_sleep_before_move(
+    state: &mut TaskState,
+    task: Task,
+    cgroup_id: u64,
+    slept_ns: u64,
+    blocked_io: bool,
+) -> u64 {
+    let from_cgroup_id = state.cgroup_id;
+    state.cgroup_id = cgroup_id;
+    let Some(since_ns) = since_moved_ns(task, cgroup_id) else {
+        return 0;
+    };
+    let before_ns = slept_ns.saturating_sub(since_ns);
+    let Some(stats) = CPU_STATS.get_ptr_mut(from_cgroup_id) else {
+        return 0;
+    };
+    // SAFETY: this CPU's value; no other writer while we run.
+    let stats = unsafe { &mut *stats };
+    if blocked_io {
+        stats.blocked_io_ns += before_ns;
+    } else {
+        stats.sleep_ns += before_ns;
+    }
+    stats.wait_ns[state.reason as usize & (WAIT_REASONS - 1)] += before_ns;
+    before_ns
 }
 
 /// `sched_wakeup(struct task_struct *p)`: a sleeping task became runnable.
@@ -136,8 +268,11 @@ fn on_wakeup(task: Task) {
 /// Adds one ended sleep to the task's cgroup on this CPU. Without `waits` every reason is
 /// `WAIT_OTHER`, which user space shows as not measured.
 #[inline(always)]
-fn charge_sleep(state: &mut TaskState, task: Task, slept_ns: u64, blocked_io: bool) {
+fn charge_sleep(state: &mut TaskState, task: Task, mut slept_ns: u64, blocked_io: bool) {
     let cgroup_id = task::cgroup_id(task);
+    if state.cgroup_id != cgroup_id {
+        slept_ns -= charge_sleep_before_move(state, task, cgroup_id, slept_ns, blocked_io);
+    }
     let stats = match CPU_STATS.get_ptr_mut(cgroup_id) {
         Some(stats) => stats,
         None => match insert_zero_stats(cgroup_id) {
@@ -206,6 +341,7 @@ fn start_account(state: &mut TaskState, task: Task) {
     (state.accounted_utime_ns, state.accounted_stime_ns) = task::utime_stime_ns(task);
     state.accounted_run_delay_ns = task::run_delay_ns(task);
     state.accounted_arrivals = task::arrivals(task);
+    state.cgroup_id = task::cgroup_id(task);
     state.state = RUNNING;
     state.flags |= task::SEEN;
 }
@@ -282,6 +418,10 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
         go_off_cpu::<WAITS>(state, prev, voluntary, prev_state, slice_ns);
     }
     let cgroup_id = task::cgroup_id(prev);
+    let mut slice_ns = slice_ns;
+    if state.cgroup_id != cgroup_id {
+        slice_ns -= charge_slice_before_move(state, prev, cgroup_id, slice_ns);
+    }
     if let Some(stats) = CPU_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: per-CPU value of this CPU; no other writer while we run.
         unsafe { add_slice::<DELAYS>(&mut *stats, state, prev, slice_ns, voluntary) };

@@ -62,6 +62,8 @@ static PT_REGS_ORIG_AX_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static PT_REGS_DI_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static TASK_TGID_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static TASK_SIGNAL_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static SIGNAL_MAXRSS_OFFSET: Global<u32> = Global::new(0);
@@ -107,6 +109,13 @@ pub fn utime_stime_ns(task: Task) -> (u64, u64) {
 pub fn tid(task: Task) -> u32 {
     // SAFETY: as above.
     unsafe { field(task, TASK_PID_OFFSET.load()) }
+}
+
+/// Process id (`tgid`).
+#[inline(always)]
+pub fn tgid(task: Task) -> u32 {
+    // SAFETY: as above.
+    unsafe { field(task, TASK_TGID_OFFSET.load()) }
 }
 
 /// Times the task arrived on a CPU (`sched_info.pcount`): one per run-queue wait.
@@ -306,6 +315,9 @@ pub struct TaskState {
     pub unclaimed_net_wait_ns: u64,
     /// How many sleeps `unclaimed_net_wait_ns` holds.
     pub unclaimed_net_waits: u64,
+    /// The cgroup it was in when last accounted: a different one at its next switch-out or
+    /// wakeup means it was moved meanwhile.
+    pub cgroup_id: u64,
 }
 
 /// [`TaskState::flags`]: the baselines are set.

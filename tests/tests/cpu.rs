@@ -211,3 +211,50 @@ fn user_and_system_add_up_and_match_rusage_and_cpu_stat() {
         );
     }
 }
+
+/// Moves a process (all its threads) into `to`, as a container runtime or systemd does.
+fn move_process(pid: u32, to: &TestCgroup) {
+    std::fs::write(to.dir.join("cgroup.procs"), pid.to_string())
+        .unwrap_or_else(|err| panic!("move {pid} into {}: {err}", to.dir.display()));
+}
+
+#[test]
+fn a_thread_moved_while_it_runs_is_charged_to_each_cgroup_as_its_cpu_stat_says() {
+    let mut collector = collector();
+    let a = TestCgroup::new("moved-from");
+    let b = TestCgroup::new("moved-to");
+    let before = collector.sample().expect("sample");
+    let (a_before, b_before) = (a.cpu_stat(), b.cpu_stat());
+    // The spinning thread is not the process's leader, the one thread the kernel names at a
+    // move: the others learn of it from their process's move.
+    let mut spinner = a.spawn_workload(&["spin", "1000", "1"]);
+    // Moved mid-slice: a spinner beside an idle test keeps its CPU for long stretches, so
+    // without accounting at the move, the stretch before it went to the cgroup it ran in at
+    // its next switch (307 ms of 423 in a 6.1 VM).
+    wait_for_cpu(&a, a_before.usage_usec, 400_000_000, LIMIT);
+    move_process(spinner.id(), &b);
+    assert!(spinner.wait().expect("wait").success());
+    let after = workerprobe_tests::settled_sample(&mut collector, b.id);
+
+    let a_kernel_ns = (a.cpu_stat().usage_usec - a_before.usage_usec) * 1_000;
+    let b_kernel_ns = (b.cpu_stat().usage_usec - b_before.usage_usec) * 1_000;
+    let a_ours = counters(&after, a.id).on_cpu_ns() - counters(&before, a.id).on_cpu_ns();
+    let b_ours = counters(&after, b.id).on_cpu_ns() - counters(&before, b.id).on_cpu_ns();
+    eprintln!(
+        "moved spinner: before the move ours {a_ours} ns, cpu.stat {a_kernel_ns} ns; after ours {b_ours} ns, cpu.stat {b_kernel_ns} ns"
+    );
+    assert!(a_kernel_ns >= 400_000_000, "it barely ran before the move");
+    assert!(b_kernel_ns >= 200_000_000, "it barely ran after the move");
+    // The kernel charges a cgroup what the scheduler accounted while the thread was in it,
+    // so the two split the slice at the scheduler's last update before the move (a tick
+    // apart at most) and at the move itself.
+    let close = |ours: u64, kernel: u64| ours.abs_diff(kernel) <= 10_000_000 + kernel / 100;
+    assert!(
+        close(a_ours, a_kernel_ns),
+        "before the move: ours {a_ours} ns, cpu.stat {a_kernel_ns} ns"
+    );
+    assert!(
+        close(b_ours, b_kernel_ns),
+        "after the move: ours {b_ours} ns, cpu.stat {b_kernel_ns} ns"
+    );
+}

@@ -195,3 +195,64 @@ fn a_single_thread_life_adds_up_to_its_wall_time() {
         "accounted {accounted_s}s, outside the workload's own {lived_s}s and the test's {life_s}s"
     );
 }
+
+#[test]
+fn a_thread_moved_while_it_sleeps_has_its_sleep_split_at_the_move() {
+    let mut collector = collector();
+    let from = TestCgroup::new("nap-moved-from");
+    let to = TestCgroup::new("nap-moved-to");
+    let mut child = from.spawn_workload(&["nap", "1", "1000", "wait"]);
+    read_first_json_line(&mut child);
+    let before = collector.sample().expect("sample");
+    let signalled = Instant::now();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+    // Into its one nap of a second, then moved.
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let moved_at = Instant::now();
+    std::fs::write(to.dir.join("cgroup.procs"), child.id().to_string()).expect("move the napper");
+    // A move may wait for an RCU grace period: it happened between these two moments.
+    let moved_by = Instant::now();
+    let timed_ms = field(&wait_json(child), "slept_ns") as f64 / 1e6;
+    let ended_at = Instant::now();
+    let after = settled_sample(&mut collector, to.id);
+    let sleep_ms = |cgroup: &TestCgroup| {
+        let ns: u64 = [&before, &after]
+            .map(|sample| {
+                workerprobe_tests::counters(sample, cgroup.id)
+                    .cpu_per_cpu
+                    .iter()
+                    .map(|cpu| cpu.sleep_ns)
+                    .sum::<u64>()
+            })
+            .into_iter()
+            .rev()
+            .reduce(|after, before| after - before)
+            .unwrap_or(0);
+        ns as f64 / 1e6
+    };
+    let (from_ms, to_ms) = (sleep_ms(&from), sleep_ms(&to));
+    let before_move_ms = (moved_at - signalled).as_secs_f64() * 1e3;
+    let move_took_ms = (moved_by - moved_at).as_secs_f64() * 1e3;
+    let after_move_ms = (ended_at - moved_at).as_secs_f64() * 1e3;
+    eprintln!(
+        "moved napper: slept {from_ms} ms before the move (moved {before_move_ms} ms after the signal), {to_ms} ms after (ended {after_move_ms} ms after the move); it timed {timed_ms} ms"
+    );
+    // Each part as the test's own clock saw it: the nap began a little after the signal and
+    // the process ended a little after the nap. A sleep is timed from the end of the slice
+    // before it on the scheduler's clock, which leaves out time stolen by the hypervisor
+    // during that slice: on a busy host the sleep's start may read a few ms early.
+    let slack_ms = 30.0_f64.max(0.05 * timed_ms);
+    assert!(
+        from_ms >= before_move_ms - slack_ms && from_ms <= before_move_ms + move_took_ms + slack_ms,
+        "before the move: {from_ms} ms asleep, moved {before_move_ms} ms after the signal (the move took {move_took_ms} ms)"
+    );
+    assert!(
+        to_ms <= after_move_ms + 1.0 && to_ms >= after_move_ms - slack_ms,
+        "after the move: {to_ms} ms asleep, ended {after_move_ms} ms after the move"
+    );
+    assert!(
+        (from_ms + to_ms - timed_ms).abs() <= slack_ms,
+        "{from_ms} + {to_ms} ms asleep, the workload timed {timed_ms} ms"
+    );
+}

@@ -58,6 +58,7 @@ pub fn task_offsets(btf: &Btf) -> anyhow::Result<TaskOffsets> {
         cgroup_root_hierarchy_id: member_offset(btf, "cgroup_root", &["hierarchy_id"])?,
         utime: member_offset(btf, "task_struct", &["utime"])?,
         stime: member_offset(btf, "task_struct", &["stime"])?,
+        tgid: member_offset(btf, "task_struct", &["tgid"])?,
     })
 }
 

@@ -39,7 +39,7 @@ use probe_common::{
         PT_REGS_ORIG_AX_OFFSET_GLOBAL, SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL,
         SCHED_INFO_LAST_QUEUED_OFFSET_GLOBAL, SCHED_INFO_PCOUNT_OFFSET_GLOBAL,
         SCHED_INFO_RUN_DELAY_OFFSET_GLOBAL, STIME_OFFSET_GLOBAL, SUM_EXEC_RUNTIME_OFFSET_GLOBAL,
-        UTIME_OFFSET_GLOBAL,
+        TGID_OFFSET_GLOBAL, UTIME_OFFSET_GLOBAL,
     },
 };
 
@@ -318,6 +318,7 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         )
         .override_global(UTIME_OFFSET_GLOBAL, &task.utime, true)
         .override_global(STIME_OFFSET_GLOBAL, &task.stime, true)
+        .override_global(TGID_OFFSET_GLOBAL, &task.tgid, true)
         .override_global(FLAGS_OFFSET_GLOBAL, &wait.task_flags, true)
         .override_global(FILES_OFFSET_GLOBAL, &wait.task_files, true)
         .override_global(FILES_FDT_OFFSET_GLOBAL, &wait.files_fdt, true)

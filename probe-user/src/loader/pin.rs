@@ -161,6 +161,7 @@ impl Meta {
             ("cgroup_root.hierarchy_id", task.cgroup_root_hierarchy_id),
             ("task_struct.utime", task.utime),
             ("task_struct.stime", task.stime),
+            ("task_struct.tgid", task.tgid),
             ("task_struct.flags", loaded.wait.task_flags),
             ("task_struct.files", loaded.wait.task_files),
             ("files_struct.fdt", loaded.wait.files_fdt),

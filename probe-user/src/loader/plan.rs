@@ -77,16 +77,27 @@ const SCHED_SWITCH: Need = Need::Tracepoint {
     args: 4,
 };
 
+/// cgroup_attach_task with its `threadgroup` argument: a moved thread's time until the move
+/// stays with the cgroup it left.
+const ATTACH_TASK: Need = Need::Tracepoint {
+    name: "cgroup_attach_task",
+    args: 4,
+};
+
 const CPU: &[Variant] = &[Variant {
-    name: "tp_btf sched_switch",
-    needs: &[SCHED_SWITCH, Need::TaskStorage],
-    programs: &[tp("switch_cpu", "sched_switch")],
+    name: "tp_btf sched_switch, cgroup_attach_task",
+    needs: &[SCHED_SWITCH, ATTACH_TASK, Need::TaskStorage],
+    programs: &[
+        tp("switch_cpu", "sched_switch"),
+        tp("moved", "cgroup_attach_task"),
+    ],
 }];
 
 const DELAYS: &[Variant] = &[Variant {
-    name: "tp_btf sched_switch, sched_wakeup",
+    name: "tp_btf sched_switch, sched_wakeup, cgroup_attach_task",
     needs: &[
         SCHED_SWITCH,
+        ATTACH_TASK,
         Need::Tracepoint {
             name: "sched_wakeup",
             args: 1,
@@ -102,13 +113,15 @@ const DELAYS: &[Variant] = &[Variant {
         tp("switch_full", "sched_switch"),
         tp("wakeup", "sched_wakeup"),
         tp("wakeup_new", "sched_wakeup_new"),
+        tp("moved", "cgroup_attach_task"),
     ],
 }];
 
 const WAITS: &[Variant] = &[Variant {
-    name: "tp_btf sched_switch with wait reasons, sched_wakeup",
+    name: "tp_btf sched_switch with wait reasons, sched_wakeup, cgroup_attach_task",
     needs: &[
         SCHED_SWITCH,
+        ATTACH_TASK,
         Need::Tracepoint {
             name: "sched_wakeup",
             args: 1,
@@ -124,6 +137,7 @@ const WAITS: &[Variant] = &[Variant {
         tp("switch_waits", "sched_switch"),
         tp("wakeup", "sched_wakeup"),
         tp("wakeup_new", "sched_wakeup_new"),
+        tp("moved", "cgroup_attach_task"),
     ],
 }];
 
@@ -577,6 +591,7 @@ mod tests {
             ("cgroup_mkdir", 2),
             ("cgroup_rmdir", 2),
             ("sched_process_exit", 1),
+            ("cgroup_attach_task", 4),
         ] {
             features.tracepoints.insert(name.into(), args);
         }
@@ -624,6 +639,7 @@ mod tests {
             [
                 "cgroup_mkdir",
                 "cgroup_rmdir",
+                "moved",
                 "process_exit",
                 "sock_recv",
                 "sock_send",
@@ -675,20 +691,20 @@ mod tests {
         let features = linux_6_1();
         assert_eq!(
             names(&Plan::new(&[ProgramGroup::Cpu], &features)),
-            ["switch_cpu"]
+            ["moved", "switch_cpu"]
         );
         assert_eq!(
             names(&Plan::new(
                 &[ProgramGroup::Cpu, ProgramGroup::Delays],
                 &features
             )),
-            ["switch_full", "wakeup", "wakeup_new"]
+            ["moved", "switch_full", "wakeup", "wakeup_new"]
         );
         // Without run-queue accounting the CPU program takes over.
         let mut no_sched_info = features.clone();
         no_sched_info.sched_info = false;
         let plan = Plan::new(&[ProgramGroup::Cpu, ProgramGroup::Delays], &no_sched_info);
-        assert_eq!(names(&plan), ["switch_cpu"]);
+        assert_eq!(names(&plan), ["moved", "switch_cpu"]);
         assert!(plan.measured().cpu && !plan.measured().delays);
         assert_eq!(
             names(&Plan::new(&[ProgramGroup::Floor], &features)),
@@ -728,6 +744,7 @@ mod tests {
             [
                 "cgroup_mkdir",
                 "cgroup_rmdir",
+                "moved",
                 "process_exit",
                 "switch_full",
                 "wakeup",
@@ -738,7 +755,13 @@ mod tests {
         plan.fall_back(ProgramGroup::Delays, "no".into());
         assert_eq!(
             names(&plan),
-            ["cgroup_mkdir", "cgroup_rmdir", "process_exit", "switch_cpu"]
+            [
+                "cgroup_mkdir",
+                "cgroup_rmdir",
+                "moved",
+                "process_exit",
+                "switch_cpu"
+            ]
         );
     }
 
