@@ -45,10 +45,14 @@ pub struct Move {
     at_ns: u64,
 }
 
-/// Process id (or thread id, for a thread moved alone) → its last move. Recent moves only:
-/// a thread reads its process's entry at its next switch-out or wakeup.
+/// Process id, or thread id with `LONE_THREAD` for a thread moved alone (threaded cgroups) →
+/// its last move. Recent moves only: a thread reads its entries at its next switch-out or
+/// wakeup.
 #[map]
-static MOVES: LruHashMap<u32, Move> = LruHashMap::with_max_entries(4096, 0);
+static MOVES: LruHashMap<u64, Move> = LruHashMap::with_max_entries(4096, 0);
+
+/// Key bit of a thread moved alone: thread and process ids share one number space.
+const LONE_THREAD: u64 = 1 << 32;
 
 /// Failed inserts, one slot per map (see `probe_common::drops`).
 #[map]
@@ -111,9 +115,9 @@ pub fn moved(ctx: BtfTracePointContext) -> u32 {
     let leader: Task = ctx.arg(2);
     let threadgroup = ctx.arg::<u64>(3) & 1 != 0;
     let key = if threadgroup {
-        task::tgid(leader)
+        u64::from(task::tgid(leader))
     } else {
-        task::tid(leader)
+        u64::from(task::tid(leader)) | LONE_THREAD
     };
     let moved = Move {
         to_cgroup_id: task::id_of_cgroup(destination),
@@ -124,21 +128,24 @@ pub fn moved(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
-/// How long ago the task was moved into `cgroup_id` (its process's move, or its own), if
-/// that is where it went.
+/// How long ago the task was moved into `cgroup_id`: the later of its process's move and its
+/// own (as a lone thread) that went there. A stale entry of a reused id that happens to name
+/// the same cgroup is old, so it splits nothing off.
 #[inline(always)]
 fn since_moved_ns(task: Task, cgroup_id: u64) -> Option<u64> {
-    // SAFETY: LRU hash values are read whole; a racing update gives the old or new move.
-    let moved = unsafe {
-        MOVES
-            .get(&task::tid(task))
-            .or_else(|| MOVES.get(&task::tgid(task)))
-    }?;
-    if moved.to_cgroup_id != cgroup_id {
-        return None;
-    }
+    let moved_at = |key: u64| {
+        // SAFETY: LRU hash values are read whole; a racing update gives the old or new move.
+        let moved = unsafe { MOVES.get(&key) }?;
+        (moved.to_cgroup_id == cgroup_id).then_some(moved.at_ns)
+    };
+    let as_process = moved_at(u64::from(task::tgid(task)));
+    let alone = moved_at(u64::from(task::tid(task)) | LONE_THREAD);
+    let at_ns = match (as_process, alone) {
+        (Some(a), Some(b)) => a.max(b),
+        (a, b) => a.or(b)?,
+    };
     // SAFETY: a helper without arguments.
-    Some(unsafe { bpf_ktime_get_ns() }.saturating_sub(moved.at_ns))
+    Some(unsafe { bpf_ktime_get_ns() }.saturating_sub(at_ns))
 }
 
 /// Rare path: the task's slice ends in another cgroup than it began in. The part before the
@@ -169,9 +176,11 @@ fn charge_slice_before_move(
     };
     // SAFETY: this CPU's value; no other writer while we run.
     let stats = unsafe { &mut *stats };
+    // The tick samples in the same proportion, in 1/1024ths (ns times ns would overflow).
+    let share = before_ns * 1024 / slice_ns;
     let (utime, stime) = task::utime_stime_ns(prev);
-    let user_before_ns = utime.saturating_sub(state.accounted_utime_ns) * before_ns / slice_ns;
-    let system_before_ns = stime.saturating_sub(state.accounted_stime_ns) * before_ns / slice_ns;
+    let user_before_ns = utime.saturating_sub(state.accounted_utime_ns) * share / 1024;
+    let system_before_ns = stime.saturating_sub(state.accounted_stime_ns) * share / 1024;
     stats.on_cpu_ns += before_ns;
     stats.user_tick_ns += user_before_ns;
     stats.system_tick_ns += system_before_ns;
