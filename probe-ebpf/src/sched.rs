@@ -124,7 +124,7 @@ pub fn moved(ctx: BtfTracePointContext) -> u32 {
         // SAFETY: a helper without arguments.
         at_ns: unsafe { bpf_ktime_get_ns() },
     };
-    let _ = MOVES.insert(&key, &moved, 0);
+    let _ = MOVES.insert(key, moved, 0);
     0
 }
 
