@@ -135,7 +135,7 @@ pub fn moved(ctx: BtfTracePointContext) -> u32 {
 fn since_moved_ns(task: Task, cgroup_id: u64) -> Option<u64> {
     let moved_at = |key: u64| {
         // SAFETY: LRU hash values are read whole; a racing update gives the old or new move.
-        let moved = unsafe { MOVES.get(&key) }?;
+        let moved = unsafe { MOVES.get(key) }?;
         (moved.to_cgroup_id == cgroup_id).then_some(moved.at_ns)
     };
     let as_process = moved_at(u64::from(task::tgid(task)));
