@@ -143,9 +143,12 @@ fn podman_containers_appear_by_their_names() {
     require_root();
     import_image();
     // Leftovers of an interrupted run would make the names ambiguous.
-    let _ = Command::new(PODMAN)
-        .args(["rm", "-f", "wp-test-burn", "wp-test-short"])
-        .output();
+    // One name a call: podman 4.3 removes nothing when one of several names is missing.
+    for name in ["wp-test-burn", "wp-test-short"] {
+        let _ = Command::new(PODMAN)
+            .args(["rm", "-f", "-t", "0", name])
+            .output();
+    }
 
     let mut serve = Command::new(workerprobe_path())
         .args(["serve", "--listen", "127.0.0.1:0"])
@@ -216,7 +219,9 @@ fn podman_containers_appear_by_their_names() {
 
     // One that burns, then sleeps, so its cgroup's own count can be read after.
     let mut run_burn: Vec<&str> = RUN.to_vec();
-    let burn = format!("{}; exec sleep 600", spin(700_000));
+    // Long enough for `top` below to attach and watch a whole interval on a loaded machine
+    // (a debug agent takes seconds to attach while a VM runs beside it).
+    let burn = format!("{}; exec sleep 600", spin(3_000_000));
     run_burn.extend(["-d", "--name", "wp-test-burn", IMAGE, "sh", "-c", &burn]);
     let burn_id = podman(&run_burn);
     let burn_dir = container_cgroup("wp-test-burn");
