@@ -40,7 +40,7 @@ fn snapshot_json_reports_a_worker_cpu_and_bytes() {
     assert!(output.status.success(), "agent failed: {:?}", output.status);
     let document: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("one JSON document");
-    assert_eq!(document["schema_version"], 3);
+    assert_eq!(document["schema_version"], 4);
     // The node as named, and its clock as the kernel sees it (adjtimex read here too).
     assert_eq!(document["node"]["name"], "node-a");
     let synchronized = workerprobe_tests::kernel_clock_synchronized();

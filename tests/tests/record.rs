@@ -51,7 +51,7 @@ fn read_lines(path: &Path) -> Vec<serde_json::Value> {
                 "line {} has no known type: {line}",
                 number + 1
             );
-            assert_eq!(value["schema_version"], 3, "line {}: {line}", number + 1);
+            assert_eq!(value["schema_version"], 4, "line {}: {line}", number + 1);
             value
         })
         .collect()
@@ -232,7 +232,7 @@ fn replay_reproduces_the_live_totals() {
     assert!(documents.len() >= 3, "{} documents", documents.len());
     let mut windows = HashSet::new();
     for document in &documents {
-        assert_eq!(document["schema_version"], 3);
+        assert_eq!(document["schema_version"], 4);
         assert!(windows.insert(document["window"]["end_monotonic_ns"].as_u64()));
     }
     // Replayed, each worker carries the memory its tick line recorded.

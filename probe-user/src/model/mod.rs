@@ -24,4 +24,4 @@ pub use stats::{
 /// tick lines and `snapshot --json` do (it was `[sent_bytes, received_bytes]`), and
 /// `lithops.worker_peak_memory` is `worker_peak_memory_end`, Lithops' own name.
 /// 3: kind `podman`, and a container's `name` is the one its runtime gave it.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;

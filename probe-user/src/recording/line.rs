@@ -800,7 +800,7 @@ mod tests {
         let line = Line::Tick(Box::new(line_between(&before, &after, 7)));
         let text = serde_json::to_string(&line).expect("serializes");
         assert!(
-            text.starts_with(r#"{"type":"tick","schema_version":3,"tick":7,"#),
+            text.starts_with(r#"{"type":"tick","schema_version":4,"tick":7,"#),
             "{text}"
         );
         assert!(!text.contains('\n'));
@@ -911,7 +911,7 @@ mod exit_tests {
         })
         .expect("json");
         assert!(
-            text.starts_with(r#"{"schema_version":3,"type":"exit","cgroup_id":9,"#),
+            text.starts_with(r#"{"schema_version":4,"type":"exit","cgroup_id":9,"#),
             "{text}"
         );
         let Line::Exit(exit) = serde_json::from_str(&text).expect("parses") else {
