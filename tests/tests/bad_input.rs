@@ -415,7 +415,7 @@ fn files_that_are_not_recordings_are_refused_with_one_sentence() {
         (
             "newer.jsonl",
             format!("{newer}\n"),
-            "newer than the 3 this workerprobe reads",
+            "newer than the 4 this workerprobe reads",
         ),
         ("no-ticks.jsonl", recording(&[]), "holds no ticks"),
     ] {

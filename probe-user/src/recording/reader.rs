@@ -460,7 +460,7 @@ mod tests {
         assert!(message(r#"{"type":"header","schema_version":1}"#).contains("not a workerprobe"));
         assert!(message(r#"{"type":"exit"}"#).contains("not a workerprobe"));
         let newer = HEADER.replace(r#""schema_version":1"#, r#""schema_version":9"#);
-        assert!(message(&newer).contains("schema version 9, newer than the 3"));
+        assert!(message(&newer).contains("schema version 9, newer than the 4"));
         let mut cut = HEADER.to_string();
         cut.truncate(40);
         assert!(message(&cut).contains("not a workerprobe"));
