@@ -128,6 +128,15 @@ pub fn moved(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
+/// The task is in `cgroup_id` now, not where it was last accounted: notes the new cgroup and
+/// returns the one it left and how long ago it was moved here, if the move was seen.
+#[inline(always)]
+fn settle_move(state: &mut TaskState, task: Task, cgroup_id: u64) -> Option<(u64, u64)> {
+    let from_cgroup_id = state.cgroup_id;
+    state.cgroup_id = cgroup_id;
+    Some((from_cgroup_id, since_moved_ns(task, cgroup_id)?))
+}
+
 /// How long ago the task was moved into `cgroup_id`: the later of its process's move and its
 /// own (as a lone thread) that went there. A stale entry of a reused id that happens to name
 /// the same cgroup is old, so it splits nothing off.
@@ -161,9 +170,7 @@ fn charge_slice_before_move(
     cgroup_id: u64,
     slice_ns: u64,
 ) -> u64 {
-    let from_cgroup_id = state.cgroup_id;
-    state.cgroup_id = cgroup_id;
-    let Some(since_ns) = since_moved_ns(prev, cgroup_id) else {
+    let Some((from_cgroup_id, since_ns)) = settle_move(state, prev, cgroup_id) else {
         return 0;
     };
     let before_ns = slice_ns.saturating_sub(since_ns);
@@ -201,9 +208,7 @@ fn charge_sleep_before_move(
     slept_ns: u64,
     blocked_io: bool,
 ) -> u64 {
-    let from_cgroup_id = state.cgroup_id;
-    state.cgroup_id = cgroup_id;
-    let Some(since_ns) = since_moved_ns(task, cgroup_id) else {
+    let Some((from_cgroup_id, since_ns)) = settle_move(state, task, cgroup_id) else {
         return 0;
     };
     let before_ns = slept_ns.saturating_sub(since_ns);
