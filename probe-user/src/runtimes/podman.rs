@@ -68,6 +68,9 @@ impl Podman {
         match containers_dir(graph_root) {
             Some(dir) => {
                 let file = dir.join(CONTAINERS_FILE);
+                // The watch is made here, before `--user` drops the agent's rights: podman's
+                // storage is root's alone, and a watch keeps working once made.
+                let inotify = watch_dir(&dir);
                 // Only a list the agent may not read is worth a word; any other failure (a
                 // list being rewritten, a stale handle on a shared file system) is read
                 // again by the thread.
@@ -79,7 +82,7 @@ impl Podman {
                     return None;
                 }
                 let watched = Arc::clone(&known);
-                spawn_named(move || watch(&dir, &watched));
+                spawn_named(move || follow(inotify, &dir, &watched));
             }
             None if graph_root.exists() || Path::new(PODMAN).exists() => {
                 let root = graph_root.to_path_buf();
@@ -88,8 +91,9 @@ impl Podman {
                     loop {
                         std::thread::sleep(STORAGE_POLL);
                         if let Some(dir) = containers_dir(&root) {
+                            let inotify = watch_dir(&dir);
                             let _ = refresh(&watched, &dir.join(CONTAINERS_FILE));
-                            return watch(&dir, &watched);
+                            return follow(inotify, &dir, &watched);
                         }
                     }
                 });
@@ -125,17 +129,20 @@ fn spawn_named(work: impl FnOnce() + Send + 'static) {
     }
 }
 
+/// An inotify watch on the containers directory, for the changes that rewrite the list.
+fn watch_dir(dir: &Path) -> std::io::Result<Inotify> {
+    let inotify = Inotify::init()?;
+    inotify.watches().add(
+        dir,
+        WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE | WatchMask::CREATE,
+    )?;
+    Ok(inotify)
+}
+
 /// Reads the list again after each change podman makes to it; returns if the watch fails
-/// (what was read stays known).
-fn watch(dir: &Path, known: &Mutex<Known>) {
+/// or the list can no longer be read (what was read stays known).
+fn follow(inotify: std::io::Result<Inotify>, dir: &Path, known: &Mutex<Known>) {
     let file = dir.join(CONTAINERS_FILE);
-    let inotify = Inotify::init().and_then(|inotify| {
-        inotify.watches().add(
-            dir,
-            WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE | WatchMask::CREATE,
-        )?;
-        Ok(inotify)
-    });
     let mut inotify = match inotify {
         Ok(inotify) => inotify,
         Err(reason) => {
@@ -146,18 +153,21 @@ fn watch(dir: &Path, known: &Mutex<Known>) {
             return;
         }
     };
-    // A change between the first read and the watch would otherwise wait for the next one;
-    // a list that could not be read yet is tried again until it can.
-    while refresh(known, &file).is_err() {
-        std::thread::sleep(STORAGE_POLL);
-    }
     let mut buffer = [0u8; 4096];
     while let Ok(events) = inotify.read_events_blocking(&mut buffer) {
         let touched = events
             .filter(|event| event.name.is_some_and(|name| name == CONTAINERS_FILE))
             .count();
-        if touched > 0 {
-            let _ = refresh(known, &file);
+        if touched == 0 {
+            continue;
+        }
+        if let Err(ReadError::Denied(reason)) = refresh(known, &file) {
+            // An agent run with `--user` may no longer read root's storage.
+            crate::say!(
+                "workerprobe: podman containers made from now on are named by id only: {} cannot be read ({reason}); run the agent as root to name them",
+                file.display()
+            );
+            return;
         }
     }
 }
