@@ -227,6 +227,17 @@ pub struct WorkerArgs {
     pub patterns: Vec<String>,
 }
 
+/// Which level of the cgroup tree a worker is.
+#[derive(Debug, Args)]
+pub struct TreeArgs {
+    /// Show the cgroups N levels below the cgroup2 root as workers, each with its whole
+    /// subtree's figures (a pod summing its containers, a slice its services); deeper workers
+    /// are folded into them, shallower ones keep their own. Default: every cgroup, each with
+    /// its own threads' figures.
+    #[arg(long, value_name = "N", value_parser = parse_count::<usize, 0, 64>)]
+    pub depth: Option<usize>,
+}
+
 /// `workerprobe watch`.
 #[derive(Debug, Args)]
 pub struct WatchArgs {
@@ -429,6 +440,8 @@ pub struct TopArgs {
     #[command(flatten)]
     pub workers: WorkerArgs,
     #[command(flatten)]
+    pub tree: TreeArgs,
+    #[command(flatten)]
     pub probe: ProbeArgs,
 }
 
@@ -443,6 +456,8 @@ pub struct SnapshotArgs {
     pub json: bool,
     #[command(flatten)]
     pub workers: WorkerArgs,
+    #[command(flatten)]
+    pub tree: TreeArgs,
     #[command(flatten)]
     pub probe: ProbeArgs,
 }

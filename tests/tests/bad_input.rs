@@ -227,6 +227,8 @@ const CASES: &[(&[&str], &str)] = &[
     (&["top", "--max-workers", "99999999"], "--max-workers"),
     (&["top", "--limit", "0"], "--limit"),
     (&["top", "--limit", "x"], "--limit"),
+    (&["snapshot", "--depth", "two"], "--depth"),
+    (&["top", "--depth", "65"], "--depth"),
     (
         &["record", "--out", "r.jsonl", "--rotate-mb", "0"],
         "--rotate-mb",

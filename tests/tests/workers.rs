@@ -530,3 +530,128 @@ fn a_worker_shorter_than_a_sample_has_its_memory_peak() {
         memory["peak_bytes"]
     );
 }
+
+/// A child cgroup made under a test cgroup, removed (once empty) on drop.
+struct ChildCgroup {
+    dir: std::path::PathBuf,
+    id: u64,
+}
+
+impl ChildCgroup {
+    fn new(parent: &TestCgroup, name: &str) -> Self {
+        let dir = parent.dir.join(name);
+        std::fs::create_dir(&dir).unwrap_or_else(|err| panic!("mkdir {}: {err}", dir.display()));
+        let id = cgroup::cgroup_id(&dir).expect("cgroup id");
+        Self { dir, id }
+    }
+
+    fn spin(&self, ms: &str) {
+        let mut command = Command::new(workload_path());
+        command.args(["spin", ms, "1"]).stdout(Stdio::piped());
+        let child = cgroup::spawn_in_cgroup(&mut command, &self.dir).expect("spawn in child");
+        assert!(child.wait_with_output().expect("wait").status.success());
+    }
+}
+
+impl Drop for ChildCgroup {
+    fn drop(&mut self) {
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The worker with this cgroup id in a snapshot document, if there.
+fn snapshot_worker(document: &serde_json::Value, id: u64) -> Option<&serde_json::Value> {
+    document["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .find(|worker| worker["cgroup_id"] == id)
+}
+
+#[test]
+fn a_parent_with_no_threads_of_its_own_is_a_worker_at_its_depth_summing_its_children() {
+    require_root();
+    let parent = TestCgroup::new("tree");
+    let (left, right) = (
+        ChildCgroup::new(&parent, "left"),
+        ChildCgroup::new(&parent, "right"),
+    );
+    // The test cgroups sit one level below the cgroup2 root.
+    let folded = start_agent(
+        &["snapshot", "--json", "--duration", "6s", "--depth", "1"],
+        "attached",
+    );
+    let plain = start_agent(&["snapshot", "--json", "--duration", "6s"], "attached");
+    let before_usec = parent.cpu_stat().usage_usec;
+    left.spin("300");
+    right.spin("500");
+    let kernel_s = (parent.cpu_stat().usage_usec - before_usec) as f64 / 1e6;
+    let document = |agent: Child| -> serde_json::Value {
+        let output = agent.wait_with_output().expect("wait for agent");
+        assert!(output.status.success(), "agent failed: {:?}", output.status);
+        serde_json::from_slice(&output.stdout).expect("one JSON document")
+    };
+    let (folded, plain) = (document(folded), document(plain));
+
+    assert_eq!(folded["depth"], 1);
+    let subtree = snapshot_worker(&folded, parent.id).expect("the parent is a worker at depth 1");
+    assert_eq!(subtree["scope"], "subtree");
+    assert!(
+        subtree["path"]
+            .as_str()
+            .expect("path")
+            .ends_with(&parent.name())
+    );
+    let ours_s = subtree["cpu"]["seconds"].as_f64().expect("cpu seconds");
+    let user_s = subtree["cpu"]["user_seconds"].as_f64().expect("user");
+    let system_s = subtree["cpu"]["system_seconds"].as_f64().expect("system");
+    eprintln!(
+        "parent subtree: ours {ours_s} s, its cpu.stat {kernel_s} s (user {user_s}, system {system_s})"
+    );
+    assert!(kernel_s > 0.6, "the children barely ran: {kernel_s} s");
+    assert!(
+        (ours_s - kernel_s).abs() <= 0.01 + kernel_s * 0.01,
+        "the parent's subtree {ours_s} s vs its cpu.stat {kernel_s} s"
+    );
+    assert!(
+        (user_s + system_s - ours_s).abs() < 1e-5,
+        "user + system = cpu"
+    );
+    for child in [&left, &right] {
+        assert!(
+            snapshot_worker(&folded, child.id).is_none(),
+            "a child below the depth is folded into its parent, not shown twice"
+        );
+    }
+
+    // Without --depth: each child with its own threads, the threadless parent absent.
+    assert!(plain["depth"].is_null());
+    assert!(snapshot_worker(&plain, parent.id).is_none());
+    let children_s: f64 = [&left, &right]
+        .iter()
+        .map(|child| {
+            let own = snapshot_worker(&plain, child.id).expect("each child is a worker");
+            assert_eq!(own["scope"], "self");
+            own["cpu"]["seconds"].as_f64().expect("cpu seconds")
+        })
+        .sum();
+    let child_kernel_s: f64 = [&left, &right]
+        .iter()
+        .map(|child| {
+            cgroup::read_cpu_stat(&child.dir)
+                .expect("cpu.stat")
+                .usage_usec as f64
+                / 1e6
+        })
+        .sum();
+    assert!(
+        (children_s - child_kernel_s).abs() <= 0.01 + child_kernel_s * 0.01,
+        "children {children_s} s vs their cpu.stat {child_kernel_s} s"
+    );
+    drop((left, right));
+}

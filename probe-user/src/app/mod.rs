@@ -55,6 +55,15 @@ pub fn start_collector(probe_args: &ProbeArgs) -> anyhow::Result<KernelCollector
     Ok(collector)
 }
 
+/// Folds the interval's workers to the tree level `--depth` asks for, if it asks.
+fn fold(interval: &mut model::Interval, tree: &crate::cli::TreeArgs, cgroups: &CgroupIndex) {
+    if let Some(depth) = tree.depth {
+        interval.fold_to_depth(depth, |path| {
+            crate::cgroup::cgroup_id(&cgroups.dir_of(path)).ok()
+        });
+    }
+}
+
 /// Says, once and one sentence each, which asked-for measurements this kernel cannot make.
 pub fn tell_notes(probe: &loader::Probe) {
     for note in probe.notes() {
@@ -110,6 +119,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
                         let _ = collector.poll();
                         let current = collector.sample()?;
                         let mut interval = model::diff(Some(&previous), &current);
+                        fold(&mut interval, &args.tree, collector.collector().cgroups());
                         interval.retain_selected(&selection);
                         memory.read_active(&mut interval, |path| collector.collector().cgroups().dir_of(path));
                         previous = current;
@@ -147,6 +157,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
         let _ = collector.poll();
         let current = collector.sample()?;
         let mut interval = model::diff(Some(&previous), &current);
+        fold(&mut interval, &args.tree, collector.collector().cgroups());
         interval.retain_selected(&selection);
         memory.read_active(&mut interval, |path| {
             collector.collector().cgroups().dir_of(path)
@@ -183,6 +194,7 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
         warn::tell(&warning);
     }
     let mut interval = model::diff(Some(&start), &end);
+    fold(&mut interval, &args.tree, collector.cgroups());
     interval.retain_selected(&selection);
     crate::memory::MemoryReader::new()
         .read_active(&mut interval, |path| collector.cgroups().dir_of(path));

@@ -8,6 +8,7 @@ mod sample;
 pub mod selection;
 mod stats;
 pub mod summary;
+pub mod tree;
 
 pub use sample::{
     CpuStatUsec, Drops, ExitMemoryPeaks, LifecycleEvent, Measured, MemoryReading, MemorySource,

@@ -88,6 +88,9 @@ pub struct WorkerStats {
     /// Memory at the end of the interval, read from the cgroup (not by the programs); `None`
     /// when not read or no source had it.
     pub memory: Option<super::MemoryReading>,
+    /// The figures are the worker's whole subtree's (descendants folded in by
+    /// [`Interval::fold_to_depth`]), not only its own threads'.
+    pub subtree: bool,
 }
 
 impl WorkerStats {
@@ -250,6 +253,8 @@ pub struct Interval {
     pub total_drops: Vec<u64>,
     /// What the counters cover: the rest reads zero but is not measured.
     pub measured: super::Measured,
+    /// The tree level the workers were folded to ([`Interval::fold_to_depth`]), if they were.
+    pub depth: Option<usize>,
 }
 
 impl Interval {
@@ -316,6 +321,7 @@ pub fn diff(previous: Option<&Sample>, current: &Sample) -> Interval {
         drops,
         total_drops: current.drops.by_map.clone(),
         measured: current.measured,
+        depth: None,
     }
 }
 

@@ -28,6 +28,9 @@ pub struct SnapshotDocument {
     pub node: NodeFacts,
     /// What was measured: a `false` here is null in every worker, never zero.
     pub measured: Measured,
+    /// The tree level `--depth` folded the workers to: each worker at it covers its subtree
+    /// (`scope: "subtree"`); null when every worker is its own threads only.
+    pub depth: Option<usize>,
     /// Workers active in the window, busiest first.
     pub workers: Vec<WorkerDocument>,
     /// Failed map inserts (lost events) per map: in the window and since load.
@@ -71,6 +74,9 @@ pub struct WorkerDocument {
     pub kind: Option<WorkerKind>,
     /// Ids read from the path (container_id, pod_uid, unit, …).
     pub ids: BTreeMap<String, String>,
+    /// What the figures cover: `self`, the cgroup's own threads, or `subtree`, itself and
+    /// every cgroup below it (folded by `--depth`).
+    pub scope: &'static str,
     /// CPU use.
     pub cpu: CpuDocument,
     /// Where the threads' time went; null when not measured (see `measured`).
@@ -242,6 +248,7 @@ impl WorkerDocument {
             name: identity.as_ref().map(|identity| identity.name.clone()),
             kind: identity.as_ref().map(|identity| identity.kind),
             ids: identity.map(|identity| identity.ids).unwrap_or_default(),
+            scope: if worker.subtree { "subtree" } else { "self" },
             cpu: CpuDocument {
                 seconds: seconds(worker.cpu_ns()),
                 cores: worker.cpu_cores(),
@@ -335,6 +342,7 @@ impl SnapshotDocument {
             },
             node,
             measured: interval.measured,
+            depth: interval.depth,
             workers: active
                 .into_iter()
                 .map(|worker| WorkerDocument::from_stats(worker, interval.measured, namer))

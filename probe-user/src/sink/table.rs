@@ -20,13 +20,17 @@ pub fn render(interval: &Interval, limit: usize) -> String {
     });
     let drops: u64 = interval.total_drops.iter().sum();
     let mut out = String::new();
-    let _ = writeln!(
+    let _ = write!(
         out,
         "workers active: {}   interval: {:.2}s   drops since start: {}",
         active.len(),
         interval.duration_ns() as f64 / 1e9,
         drops
     );
+    if let Some(depth) = interval.depth {
+        let _ = write!(out, "   depth {depth}: subtrees folded in");
+    }
+    let _ = writeln!(out);
     let _ = writeln!(
         out,
         "{:<PATH_WIDTH$} {:<NAME_WIDTH$} {:>6}  {:<16} {:<19} {:<20} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
@@ -227,6 +231,7 @@ mod tests {
         };
         let interval = Interval {
             measured: Default::default(),
+            depth: None,
             start: Some(Timestamp {
                 monotonic_ns: 0,
                 wall_unix_ns: 0,

@@ -330,6 +330,9 @@ fn header_line(interval: &Interval, view: &TopView, shown: usize) -> Line<'stati
         parts.push(format!("drops since start: {drops}"));
     }
     parts.push(format!("node CPUs: {}", view.node_cpus));
+    if let Some(depth) = interval.depth {
+        parts.push(format!("depth {depth}: subtrees"));
+    }
     parts.push(format!("sort: {}", view.sort.title()));
     if !view.filter.is_empty() {
         parts.push(format!("filter: {}", view.filter));
@@ -975,6 +978,7 @@ mod tests {
         busy.delays.runqueue_wait_hist[10] = 1; // [512, 1024) µs
         Interval {
             measured: Default::default(),
+            depth: None,
             start: Some(Timestamp {
                 monotonic_ns: 0,
                 wall_unix_ns: 0,
