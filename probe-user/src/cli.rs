@@ -230,12 +230,25 @@ pub struct WorkerArgs {
 /// Which level of the cgroup tree a worker is.
 #[derive(Debug, Args)]
 pub struct TreeArgs {
-    /// Show the cgroups N levels below the cgroup2 root as workers, each with its whole
-    /// subtree's figures (a pod summing its containers, a slice its services); deeper workers
-    /// are folded into them, shallower ones keep their own. Default: every cgroup, each with
-    /// its own threads' figures.
-    #[arg(long, value_name = "N", value_parser = parse_count::<usize, 0, 64>)]
-    pub depth: Option<usize>,
+    /// Show the cgroups N levels below the cgroup2 root as workers, or with `pods` each
+    /// Kubernetes pod's cgroup, each with its whole subtree's figures (a pod summing its
+    /// containers, a slice its services); deeper workers are folded into them, the others
+    /// keep their own. Default: every cgroup, each with its own threads' figures.
+    #[arg(long, value_name = "N|pods", value_parser = parse_level)]
+    pub depth: Option<crate::model::tree::Level>,
+}
+
+/// A tree level: a depth from 0 to 64, or `pods`.
+fn parse_level(text: &str) -> Result<crate::model::tree::Level, String> {
+    use crate::model::tree::Level;
+    if text.trim() == "pods" {
+        return Ok(Level::Pods);
+    }
+    parse_count::<usize, 0, 64>(text)
+        .map(Level::Depth)
+        .map_err(|_| {
+            format!("`{text}` is not a depth: write a whole number from 0 to 64, or `pods`")
+        })
 }
 
 /// `workerprobe watch`.
@@ -253,6 +266,8 @@ pub struct WatchArgs {
     pub interval: Duration,
     #[command(flatten)]
     pub workers: WorkerArgs,
+    #[command(flatten)]
+    pub tree: TreeArgs,
     #[command(flatten)]
     pub probe: ProbeArgs,
 }

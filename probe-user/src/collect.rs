@@ -290,7 +290,7 @@ impl KernelCollector {
     }
 
     /// The memory peaks the kernel kept for a removed worker, then their entries are freed.
-    fn take_exit_memory(&mut self, cgroup_id: u64) -> Option<ExitMemoryPeaks> {
+    pub fn take_exit_memory(&mut self, cgroup_id: u64) -> Option<ExitMemoryPeaks> {
         let cgroup_peak_bytes = self.removed_memory_peaks.remove(&cgroup_id);
         let largest_process_peak_bytes = self
             .process_peaks

@@ -655,3 +655,77 @@ fn a_parent_with_no_threads_of_its_own_is_a_worker_at_its_depth_summing_its_chil
     );
     drop((left, right));
 }
+
+#[test]
+fn a_parents_exit_summary_at_its_depth_sums_its_children_and_they_have_none() {
+    require_root();
+    let folded = start_watch(&["--depth", "1"]);
+    let plain = start_watch(&[]);
+    let parent = TestCgroup::new("tree-exit");
+    let (parent_id, parent_dir) = (parent.id, parent.dir.clone());
+    let (left, right) = (
+        ChildCgroup::new(&parent, "left"),
+        ChildCgroup::new(&parent, "right"),
+    );
+    left.spin("200");
+    right.spin("400");
+    let child_ids = [left.id, right.id];
+    let child_kernel_s: Vec<f64> = [&left, &right]
+        .iter()
+        .map(|child| {
+            cgroup::read_cpu_stat(&child.dir)
+                .expect("cpu.stat")
+                .usage_usec as f64
+                / 1e6
+        })
+        .collect();
+    drop((left, right));
+    let kernel_s = parent.cpu_stat().usage_usec as f64 / 1e6;
+    drop(parent);
+    assert!(!parent_dir.exists(), "the parent was removed");
+    let (folded, plain) = (stop_watch(folded), stop_watch(plain));
+    let prefix = parent_dir
+        .file_name()
+        .and_then(|name| name.to_str())
+        .map(|name| format!("/{name}"))
+        .expect("name");
+
+    let folded_exits = exits(&folded, &prefix);
+    assert_eq!(
+        folded_exits.len(),
+        1,
+        "one summary, the parent's, with --depth 1: {folded_exits:?}"
+    );
+    let summary = folded_exits[0];
+    assert_eq!(summary["cgroup_id"], parent_id);
+    assert_eq!(summary["scope"], "subtree");
+    let ours_s = summary["cpu"]["total_seconds"].as_f64().expect("cpu");
+    eprintln!("parent's exit summary: {ours_s} s, its cpu.stat {kernel_s} s");
+    assert!(kernel_s > 0.5, "the children barely ran: {kernel_s} s");
+    assert!(
+        (ours_s - kernel_s).abs() <= 0.01 + kernel_s * 0.01,
+        "the parent's subtree {ours_s} s vs its cpu.stat {kernel_s} s"
+    );
+    let user_s = summary["cpu"]["user_seconds"].as_f64().expect("user");
+    let system_s = summary["cpu"]["system_seconds"].as_f64().expect("system");
+    assert!(
+        (user_s + system_s - ours_s).abs() < 1e-5,
+        "user + system = cpu"
+    );
+
+    // Without --depth: a summary per child (its own threads), none for the threadless parent.
+    let plain_exits = exits(&plain, &prefix);
+    assert_eq!(plain_exits.len(), 2, "{plain_exits:?}");
+    for (id, kernel_s) in child_ids.iter().zip(child_kernel_s) {
+        let own = plain_exits
+            .iter()
+            .find(|line| line["cgroup_id"] == *id)
+            .expect("each child's summary");
+        assert_eq!(own["scope"], "self");
+        let ours_s = own["cpu"]["total_seconds"].as_f64().expect("cpu");
+        assert!(
+            (ours_s - kernel_s).abs() <= 0.01 + kernel_s * 0.01,
+            "a child's {ours_s} s vs its cpu.stat {kernel_s} s"
+        );
+    }
+}

@@ -57,8 +57,8 @@ pub fn start_collector(probe_args: &ProbeArgs) -> anyhow::Result<KernelCollector
 
 /// Folds the interval's workers to the tree level `--depth` asks for, if it asks.
 fn fold(interval: &mut model::Interval, tree: &crate::cli::TreeArgs, cgroups: &CgroupIndex) {
-    if let Some(depth) = tree.depth {
-        interval.fold_to_depth(depth, |path| {
+    if let Some(level) = tree.depth {
+        interval.fold(level, |path| {
             crate::cgroup::cgroup_id(&cgroups.dir_of(path)).ok()
         });
     }

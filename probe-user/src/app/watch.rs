@@ -15,7 +15,7 @@ use crate::{
     memory::MemoryReader,
     model::{
         Sample, WorkerCounters, endpoints::EndpointNamer, registry::WorkerRegistry,
-        selection::Selection, summary::ExitSummary,
+        selection::Selection, summary::ExitSummary, tree::Level,
     },
     node::NodeFacts,
     sink::{json::SCHEMA_VERSION, summary::human_line},
@@ -52,6 +52,14 @@ pub struct Watcher {
     deferred_warning: Option<String>,
     /// Names the endpoints in exit summaries.
     namer: EndpointNamer,
+    /// The tree level whose cgroups are the workers (`--depth`), if not every cgroup.
+    level: Option<Level>,
+    /// The workers asked for: with a level, the registry follows every cgroup (descendants
+    /// are folded in whatever they match) and this picks the summaries.
+    selection: Selection,
+    /// Final counters of removed descendants, by the path of the cgroup at `level` holding
+    /// them, until it ends too.
+    subtrees: std::collections::HashMap<String, WorkerCounters>,
 }
 
 impl Watcher {
@@ -60,7 +68,7 @@ impl Watcher {
         let now = Timestamp::now();
         Self {
             collector,
-            registry: WorkerRegistry::new(selection),
+            registry: WorkerRegistry::new(selection.clone()),
             memory: MemoryReader::new(),
             removed: VecDeque::new(),
             gone: std::collections::HashSet::new(),
@@ -71,7 +79,20 @@ impl Watcher {
             defer_warning: false,
             deferred_warning: None,
             namer: EndpointNamer::default(),
+            level: None,
+            selection,
+            subtrees: std::collections::HashMap::new(),
         }
+    }
+
+    /// Makes the cgroups at `level` the workers: each one's exit summary sums its subtree,
+    /// and the cgroups below it have none of their own.
+    pub fn with_level(mut self, level: Option<Level>) -> Self {
+        if level.is_some() {
+            self.registry = WorkerRegistry::new(Selection::all());
+        }
+        self.level = level;
+        self
     }
 
     /// Names endpoints in exit summaries by these rules (`--endpoint`).
@@ -128,7 +149,15 @@ impl Watcher {
             }
             self.removed.pop_front();
             let record = self.registry.remove(cgroup_id);
-            let counters = self.collector.finish(cgroup_id);
+            let (record, counters, subtree) = match (self.level, record) {
+                (Some(level), Some(record)) => {
+                    let Some(settled) = self.fold_removed(level, record) else {
+                        continue;
+                    };
+                    settled
+                }
+                (_, record) => (record, self.collector.finish(cgroup_id), false),
+            };
             // A cgroup that never ran a thread or moved a byte was not a worker.
             if let (Some(record), Some(counters)) = (record, counters) {
                 let summary = ExitSummary::new(
@@ -140,10 +169,70 @@ impl Watcher {
                     &self.namer,
                     None,
                 );
+                let summary = ExitSummary {
+                    scope: if subtree { "subtree" } else { "self" },
+                    ..summary
+                };
                 summaries.push((summary, counters));
             }
         }
         summaries
+    }
+
+    /// A removed cgroup when workers are the cgroups at `level`: one below the level is added
+    /// to the cgroup holding it (`None`: no summary of its own); one at the level gets its
+    /// descendants' counters added to its own (`true`: a subtree), if the selection picks it.
+    #[allow(clippy::type_complexity)]
+    fn fold_removed(
+        &mut self,
+        level: Level,
+        record: crate::model::registry::WorkerRecord,
+    ) -> Option<(
+        Option<crate::model::registry::WorkerRecord>,
+        Option<WorkerCounters>,
+        bool,
+    )> {
+        let cgroup_id = record.cgroup_id;
+        let exit_memory = self.collector.take_exit_memory(cgroup_id);
+        let own = self.collector.finish(cgroup_id);
+        match level.holder(&record.path) {
+            Some(holder) if holder != record.path => {
+                if let Some(own) = own {
+                    self.subtrees.entry(holder).or_default().absorb(&own);
+                }
+                None
+            }
+            Some(_) => {
+                let descendants = self.subtrees.remove(&record.path);
+                // A pod with no threads of its own still ends with its containers' figures
+                // and its memory cgroup's peak.
+                let counters = match (own, descendants) {
+                    (None, None) => None,
+                    (own, descendants) => {
+                        let mut counters = own.unwrap_or_default();
+                        counters.exit_memory = exit_memory;
+                        if let Some(descendants) = descendants {
+                            counters.absorb(&descendants);
+                        }
+                        Some(counters)
+                    }
+                };
+                let picked = self
+                    .selection
+                    .matches_identity(&record.path, &record.identity);
+                picked.then_some((Some(record), counters, true))
+            }
+            None => {
+                let picked = self
+                    .selection
+                    .matches_identity(&record.path, &record.identity);
+                let own = own.map(|mut own| {
+                    own.exit_memory = exit_memory;
+                    own
+                });
+                picked.then_some((Some(record), own, false))
+            }
+        }
     }
 
     /// Samples live workers: registers the ones made before the agent started, and keeps
@@ -226,8 +315,9 @@ impl Watcher {
 pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
     let selection = Selection::new(&args.workers.patterns)?;
     let collector = super::start_collector(&args.probe)?;
-    let mut watcher =
-        Watcher::new(collector, selection).with_endpoint_namer(args.probe.endpoint_namer());
+    let mut watcher = Watcher::new(collector, selection)
+        .with_endpoint_namer(args.probe.endpoint_namer())
+        .with_level(args.tree.depth);
     let mut stdout = std::io::stdout().lock();
     if args.json {
         let header = serde_json::json!({

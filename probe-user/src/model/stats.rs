@@ -89,7 +89,7 @@ pub struct WorkerStats {
     /// when not read or no source had it.
     pub memory: Option<super::MemoryReading>,
     /// The figures are the worker's whole subtree's (descendants folded in by
-    /// [`Interval::fold_to_depth`]), not only its own threads'.
+    /// [`Interval::fold`]), not only its own threads'.
     pub subtree: bool,
 }
 
@@ -253,8 +253,8 @@ pub struct Interval {
     pub total_drops: Vec<u64>,
     /// What the counters cover: the rest reads zero but is not measured.
     pub measured: super::Measured,
-    /// The tree level the workers were folded to ([`Interval::fold_to_depth`]), if they were.
-    pub depth: Option<usize>,
+    /// The tree level the workers were folded to ([`Interval::fold`]), if they were.
+    pub level: Option<super::tree::Level>,
 }
 
 impl Interval {
@@ -321,7 +321,7 @@ pub fn diff(previous: Option<&Sample>, current: &Sample) -> Interval {
         drops,
         total_drops: current.drops.by_map.clone(),
         measured: current.measured,
-        depth: None,
+        level: None,
     }
 }
 

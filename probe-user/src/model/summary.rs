@@ -65,6 +65,9 @@ pub struct ExitSummary {
     pub kind: WorkerKind,
     /// Ids read from the path (container id, pod uid, unit, …).
     pub ids: BTreeMap<String, String>,
+    /// What the figures cover: `self`, the cgroup's own threads, or `subtree`, itself and
+    /// the cgroups below it that `--depth` folded in.
+    pub scope: &'static str,
     /// When the cgroup was made (or first seen: see `start_observed`).
     pub start: Moment,
     /// Whether `start` is when it was made; false when it existed before the agent started,
@@ -313,6 +316,7 @@ impl ExitSummary {
             name: record.identity.name.clone(),
             kind: record.identity.kind,
             ids: record.identity.ids.clone(),
+            scope: "self",
             start: Moment::new(record.started_at_monotonic_ns, boot_offset_ns),
             start_observed: record.start_observed,
             end: Moment::new(end_monotonic_ns, boot_offset_ns),

@@ -1,11 +1,62 @@
 //! Tree levels. Every worker's figures are its own threads' (a cgroup's `self`); a user who
-//! cares about pods or slices rather than their containers folds every worker below a depth
-//! into its ancestor at that depth, whose figures then cover its whole subtree. Own figures
+//! cares about pods or slices rather than their containers folds every worker below a level
+//! into its ancestor at that level, whose figures then cover its whole subtree. Own figures
 //! are disjoint, so a sum of them never counts a thread twice.
 
 use std::collections::HashMap;
 
-use super::stats::{Interval, WorkerStats};
+use super::{
+    identity::{WorkerKind, identify},
+    sample::WorkerCounters,
+    stats::{Interval, WorkerStats},
+};
+
+/// The level of the cgroup tree whose cgroups are the workers (`--depth`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// The cgroups this many levels below the cgroup2 root (`/` is 0).
+    Depth(usize),
+    /// Each Kubernetes pod's cgroup, at whatever depth its QoS class puts it.
+    Pods,
+}
+
+impl serde::Serialize for Level {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Level::Depth(depth) => serializer.serialize_u64(*depth as u64),
+            Level::Pods => serializer.serialize_str("pods"),
+        }
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Level::Depth(depth) => write!(f, "depth {depth}"),
+            Level::Pods => write!(f, "pods"),
+        }
+    }
+}
+
+impl Level {
+    /// The cgroup at this level that holds `path` (`path` itself when it is at the level), or
+    /// `None` when `path` is above the level (or, for pods, in no pod): it stays its own.
+    pub fn holder(&self, path: &str) -> Option<String> {
+        match *self {
+            Level::Depth(depth) => {
+                (depth_of(path) >= depth).then(|| ancestor_at_depth(path, depth))
+            }
+            Level::Pods => (1..=depth_of(path))
+                .map(|depth| ancestor_at_depth(path, depth))
+                .find(|prefix| {
+                    let identity = identify(prefix);
+                    identity.kind == WorkerKind::Kubernetes
+                        && identity.ids.contains_key("pod_uid")
+                        && !identity.ids.contains_key("container_id")
+                }),
+        }
+    }
+}
 
 /// How many levels below the cgroup2 root `path` is (`/` is 0, `/a/b` is 2).
 pub fn depth_of(path: &str) -> usize {
@@ -23,12 +74,12 @@ pub fn ancestor_at_depth(path: &str, depth: usize) -> String {
 }
 
 impl Interval {
-    /// Folds every worker deeper than `depth` into its ancestor at `depth`, which becomes a
-    /// worker (with `subtree` set) even if no thread of its own ran: a pod summing its
-    /// containers, a slice its services. Workers above `depth` keep their own figures, so no
-    /// thread is counted twice. `id_of` gives an ancestor's cgroup id when no worker had it.
-    /// Memory is cleared where workers were merged: read it again for the folded path.
-    pub fn fold_to_depth(&mut self, depth: usize, mut id_of: impl FnMut(&str) -> Option<u64>) {
+    /// Folds every worker below `level` into its ancestor at `level`, which becomes a worker
+    /// (with `subtree` set) even if no thread of its own ran: a pod summing its containers, a
+    /// slice its services. Workers above the level keep their own figures, so no thread is
+    /// counted twice. `id_of` gives an ancestor's cgroup id when no worker had it. Memory is
+    /// cleared where workers were merged: read it again for the folded path.
+    pub fn fold(&mut self, level: Level, mut id_of: impl FnMut(&str) -> Option<u64>) {
         let mut kept: Vec<WorkerStats> = Vec::new();
         let mut folded: Vec<WorkerStats> = Vec::new();
         let mut at: HashMap<String, usize> = HashMap::new();
@@ -37,11 +88,10 @@ impl Interval {
                 kept.push(worker);
                 continue;
             };
-            if depth_of(&path) < depth {
+            let Some(ancestor) = level.holder(&path) else {
                 kept.push(worker);
                 continue;
-            }
-            let ancestor = ancestor_at_depth(&path, depth);
+            };
             let is_ancestor = path == ancestor;
             match at.get(&ancestor) {
                 Some(&slot) => {
@@ -71,7 +121,7 @@ impl Interval {
         kept.extend(folded);
         kept.sort_by_key(|worker| worker.cgroup_id);
         self.workers = kept;
-        self.depth = Some(depth);
+        self.level = Some(level);
     }
 }
 
@@ -130,6 +180,55 @@ impl WorkerStats {
     }
 }
 
+impl WorkerCounters {
+    /// Adds a descendant's final counters to these (a subtree's exit summary sums them). The
+    /// memory cgroup's own peak is kept (on cgroup2 it already covers the subtree); the
+    /// largest process peak is the larger of the two.
+    pub fn absorb(&mut self, other: &WorkerCounters) {
+        if self.cpu_per_cpu.len() < other.cpu_per_cpu.len() {
+            self.cpu_per_cpu
+                .resize(other.cpu_per_cpu.len(), Default::default());
+        }
+        for (sum, add) in self.cpu_per_cpu.iter_mut().zip(&other.cpu_per_cpu) {
+            sum.on_cpu_ns += add.on_cpu_ns;
+            sum.voluntary_switches += add.voluntary_switches;
+            sum.involuntary_switches += add.involuntary_switches;
+            sum.runqueue_wait_ns += add.runqueue_wait_ns;
+            sum.blocked_io_ns += add.blocked_io_ns;
+            sum.sleep_ns += add.sleep_ns;
+            sum.wakeups += add.wakeups;
+            for (sum, add) in sum
+                .runqueue_wait_hist
+                .iter_mut()
+                .zip(add.runqueue_wait_hist)
+            {
+                *sum += add;
+            }
+            for (sum, add) in sum.wait_ns.iter_mut().zip(add.wait_ns) {
+                *sum += add;
+            }
+            for (sum, add) in sum.waits.iter_mut().zip(add.waits) {
+                *sum += add;
+            }
+            sum.user_tick_ns += add.user_tick_ns;
+            sum.system_tick_ns += add.system_tick_ns;
+        }
+        for (sum, add) in self.net.families.iter_mut().zip(&other.net.families) {
+            sum.sent_bytes += add.sent_bytes;
+            sum.received_bytes += add.received_bytes;
+            sum.sent_calls += add.sent_calls;
+            sum.received_calls += add.received_calls;
+        }
+        self.endpoints.extend(other.endpoints.iter().cloned());
+        if let Some(add) = other.exit_memory {
+            let mine = self.exit_memory.get_or_insert_with(Default::default);
+            mine.largest_process_peak_bytes = mine
+                .largest_process_peak_bytes
+                .max(add.largest_process_peak_bytes);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,6 +248,63 @@ mod tests {
         worker.net[0].sent_bytes = sent_bytes;
         worker.net[0].sent_calls = 1;
         worker
+    }
+
+    #[test]
+    fn a_pod_holds_its_containers_at_any_qos_depth() {
+        const UID: &str = "0d2b9a4e-5c36-4a35-9f0e-3d2a1b7c8e90";
+        let burstable = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+            UID.replace('-', "_")
+        );
+        let guaranteed = format!(
+            "/kubepods.slice/kubepods-pod{}.slice",
+            UID.replace('-', "_")
+        );
+        let container = format!("{burstable}/cri-containerd-{}.scope", "ab".repeat(32));
+        assert_eq!(Level::Pods.holder(&container), Some(burstable.clone()));
+        assert_eq!(Level::Pods.holder(&burstable), Some(burstable.clone()));
+        assert_eq!(
+            Level::Pods.holder(&format!("{guaranteed}/{}", "cd".repeat(32))),
+            Some(guaranteed)
+        );
+        assert_eq!(Level::Pods.holder("/kubepods.slice"), None);
+        assert_eq!(Level::Pods.holder("/system.slice/nginx.service"), None);
+        assert_eq!(Level::Depth(2).holder("/a"), None);
+        assert_eq!(Level::Depth(1).holder("/a/b"), Some("/a".into()));
+    }
+
+    #[test]
+    fn a_subtrees_final_counters_sum_its_descendants() {
+        let mut cpu = probe_common::cpu::CpuStats {
+            on_cpu_ns: 10,
+            user_tick_ns: 4,
+            ..Default::default()
+        };
+        cpu.wait_ns[1] = 3;
+        let mut child = WorkerCounters {
+            cpu_per_cpu: vec![cpu, cpu],
+            exit_memory: Some(super::super::ExitMemoryPeaks {
+                cgroup_peak_bytes: Some(7),
+                largest_process_peak_bytes: Some(9),
+            }),
+            ..Default::default()
+        };
+        child.net.families[1].received_bytes = 100;
+        let mut pod = WorkerCounters::default();
+        pod.absorb(&child);
+        pod.absorb(&child);
+        assert_eq!(pod.cpu_per_cpu.len(), 2);
+        assert_eq!(pod.cpu_per_cpu[1].on_cpu_ns, 20);
+        assert_eq!(pod.cpu_per_cpu[0].user_tick_ns, 8);
+        assert_eq!(pod.cpu_per_cpu[0].wait_ns[1], 6);
+        assert_eq!(pod.net.families[1].received_bytes, 200);
+        let memory = pod.exit_memory.expect("memory");
+        assert_eq!(memory.largest_process_peak_bytes, Some(9));
+        assert_eq!(
+            memory.cgroup_peak_bytes, None,
+            "a child's memcg peak is not the pod's"
+        );
     }
 
     #[test]
@@ -178,9 +334,9 @@ mod tests {
         };
         let before: u64 = interval.workers.iter().map(WorkerStats::cpu_ns).sum();
         let ids = HashMap::from([("/kubepods/burstable/pod1".to_owned(), 15u64)]);
-        interval.fold_to_depth(3, |path| ids.get(path).copied());
+        interval.fold(Level::Depth(3), |path| ids.get(path).copied());
 
-        assert_eq!(interval.depth, Some(3));
+        assert_eq!(interval.level, Some(Level::Depth(3)));
         let after: u64 = interval.workers.iter().map(WorkerStats::cpu_ns).sum();
         assert_eq!(after, before, "folding moves figures, never adds them");
         let paths: Vec<(u64, &str, bool)> = interval

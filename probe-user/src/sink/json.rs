@@ -28,9 +28,9 @@ pub struct SnapshotDocument {
     pub node: NodeFacts,
     /// What was measured: a `false` here is null in every worker, never zero.
     pub measured: Measured,
-    /// The tree level `--depth` folded the workers to: each worker at it covers its subtree
-    /// (`scope: "subtree"`); null when every worker is its own threads only.
-    pub depth: Option<usize>,
+    /// The tree level `--depth` folded the workers to (a number, or `"pods"`): each worker at
+    /// it covers its subtree (`scope: "subtree"`); null when every worker is its own threads.
+    pub depth: Option<crate::model::tree::Level>,
     /// Workers active in the window, busiest first.
     pub workers: Vec<WorkerDocument>,
     /// Failed map inserts (lost events) per map: in the window and since load.
@@ -342,7 +342,7 @@ impl SnapshotDocument {
             },
             node,
             measured: interval.measured,
-            depth: interval.depth,
+            depth: interval.level,
             workers: active
                 .into_iter()
                 .map(|worker| WorkerDocument::from_stats(worker, interval.measured, namer))

@@ -27,8 +27,8 @@ pub fn render(interval: &Interval, limit: usize) -> String {
         interval.duration_ns() as f64 / 1e9,
         drops
     );
-    if let Some(depth) = interval.depth {
-        let _ = write!(out, "   depth {depth}: subtrees folded in");
+    if let Some(level) = interval.level {
+        let _ = write!(out, "   {level}: subtrees folded in");
     }
     let _ = writeln!(out);
     let _ = writeln!(
@@ -231,7 +231,7 @@ mod tests {
         };
         let interval = Interval {
             measured: Default::default(),
-            depth: None,
+            level: None,
             start: Some(Timestamp {
                 monotonic_ns: 0,
                 wall_unix_ns: 0,

@@ -330,8 +330,8 @@ fn header_line(interval: &Interval, view: &TopView, shown: usize) -> Line<'stati
         parts.push(format!("drops since start: {drops}"));
     }
     parts.push(format!("node CPUs: {}", view.node_cpus));
-    if let Some(depth) = interval.depth {
-        parts.push(format!("depth {depth}: subtrees"));
+    if let Some(level) = interval.level {
+        parts.push(format!("{level}: subtrees"));
     }
     parts.push(format!("sort: {}", view.sort.title()));
     if !view.filter.is_empty() {
@@ -978,7 +978,7 @@ mod tests {
         busy.delays.runqueue_wait_hist[10] = 1; // [512, 1024) µs
         Interval {
             measured: Default::default(),
-            depth: None,
+            level: None,
             start: Some(Timestamp {
                 monotonic_ns: 0,
                 wall_unix_ns: 0,
