@@ -11,6 +11,9 @@
 //! which neither reaches: where the kernel has it and allows fexit, `fexit` on TCP's, UDP's
 //! and unix streams' `sendpage` is added to either variant.
 //!
+//! splice() from a TCP or unix stream socket reads through the protocols' `splice_read`,
+//! which neither reaches either: where fexit is allowed, it is added to either variant.
+//!
 //! Payload bytes either way, so they match what the application wrote and read, whatever the
 //! network namespace.
 
@@ -187,6 +190,27 @@ pub fn sock_tx_upage(ctx: FExitContext) -> u32 {
     }
     0
 }
+
+/// fexit of `ssize_t tcp_splice_read(struct socket *sock, loff_t *ppos, struct
+/// pipe_inode_info *pipe, size_t len, unsigned int flags)` (and `unix_stream_splice_read`, the
+/// same shape): splice() from a socket into a pipe reads here, past `recvmsg` and the 6.3
+/// tracepoint, so without these programs those bytes would count nowhere.
+macro_rules! splice_read_exit {
+    ($program:ident, $function:literal) => {
+        #[doc = concat!("fexit of `", $function, "`.")]
+        #[fexit(function = $function)]
+        pub fn $program(ctx: FExitContext) -> u32 {
+            let ret: i64 = ctx.arg::<u64>(5) as i64;
+            if ret > 0 {
+                account(sock_of(ctx.arg(0)), ret as u64, false);
+            }
+            0
+        }
+    };
+}
+
+splice_read_exit!(sock_rx_tsplice, "tcp_splice_read");
+splice_read_exit!(sock_rx_usplice, "unix_stream_splice_read");
 
 /// `sock->sk` of a BTF-typed `struct socket *`.
 #[inline(always)]

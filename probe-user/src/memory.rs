@@ -86,6 +86,11 @@ impl MemoryReader {
         let mount = self.v1_memory_mount.as_ref()?;
         let membership = fs::read_to_string(format!("/proc/{}/cgroup", pids[0])).ok()?;
         let v1_path = parse_v1_memory_membership(&membership)?;
+        // The root memory cgroup holds every process placed nowhere else: never one worker's
+        // alone, and listing it would cost a read of every pid on the host per worker.
+        if v1_path == "/" {
+            return None;
+        }
         let v1_dir = mount.join(v1_path.trim_start_matches('/'));
         let v1_pids = crate::cgroup::procs(&v1_dir);
         // A memory cgroup shared with other processes would not be this worker's memory.

@@ -209,3 +209,96 @@ fn bytes_sent_with_sendfile_are_exact() {
         "{sent_calls} calls"
     );
 }
+
+/// Runs a splice(2) receiver and a plain sender over `proto` (tcp or unix); returns what the
+/// receiver's worker got counted (bytes, calls) and what the receiver spliced itself.
+fn splice_exchange(proto: &str, listen: &str, family: usize) -> ((u64, u64), serde_json::Value) {
+    let mut collector = collector();
+    let sender = TestCgroup::new(&format!("{proto}-splice-send"));
+    let receiver = TestCgroup::new(&format!("{proto}-splice-recv"));
+    let before = collector.sample().expect("sample");
+    let mut recv = receiver.spawn_workload(&["recv", &format!("{proto}-splice"), listen, "0"]);
+    let addr = read_first_json_line(&mut recv)["addr"]
+        .as_str()
+        .expect("receiver address")
+        .to_string();
+    let sent = wait_json(sender.spawn_workload(&[
+        "send",
+        proto,
+        &addr,
+        &(16u64 << 20).to_string(),
+        "1000,65536,1000000",
+    ]));
+    let received = wait_json(recv);
+    let after = collector.sample().expect("sample");
+    let (_, _, received_bytes, received_calls) = traffic(&before, &after, receiver.id, family);
+    eprintln!(
+        "{proto} splice: workload sent {sent}, spliced {received}; ours received {received_bytes} in {received_calls} calls (splice reads measured: {})",
+        collector.measured().splice_reads
+    );
+    assert_eq!(
+        field(&received, "received_bytes"),
+        field(&sent, "sent_bytes")
+    );
+    ((received_bytes, received_calls), received)
+}
+
+#[test]
+fn bytes_read_with_splice_are_exact_where_the_kernel_lets_them_be_counted() {
+    let socket_path = std::env::temp_dir().join(format!("wp-splice-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&socket_path);
+    let cases = [
+        (
+            "tcp",
+            "127.0.0.1:0".to_string(),
+            probe_common::net::FAMILY_IPV4,
+        ),
+        (
+            "unix",
+            socket_path.to_str().expect("utf-8").to_string(),
+            probe_common::net::FAMILY_UNIX,
+        ),
+    ];
+    let measured = collector().measured().splice_reads;
+    if std::env::var_os("WP_EXPECT_FEXIT").is_some() {
+        assert!(
+            measured,
+            "this kernel allows fexit: splice reads must be counted"
+        );
+    }
+    for (proto, listen, family) in cases {
+        let ((bytes, calls), spliced) = splice_exchange(proto, &listen, family);
+        if measured {
+            assert_eq!(
+                bytes,
+                field(&spliced, "received_bytes"),
+                "{proto}: bytes spliced"
+            );
+            assert_eq!(
+                calls,
+                field(&spliced, "received_calls"),
+                "{proto}: one call per splice"
+            );
+        } else {
+            // Said at start as not counted (the notes), and indeed nothing was.
+            assert_eq!(
+                (bytes, calls),
+                (0, 0),
+                "{proto}: splice reads counted somewhere"
+            );
+        }
+        let _ = std::fs::remove_file(&socket_path);
+    }
+    if !measured {
+        let notes = workerprobe::loader::load_and_attach(&Default::default())
+            .expect("load")
+            .notes();
+        assert!(
+            notes
+                .iter()
+                .any(|note| note
+                    .starts_with("bytes read from sockets with splice() are not counted")),
+            "{notes:?}"
+        );
+    }
+}

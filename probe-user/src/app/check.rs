@@ -8,7 +8,10 @@ use serde::Serialize;
 use crate::{
     cgroup::{self, CgroupLayout},
     cli::CheckArgs,
-    loader::{self, LoadOptions, ProgramGroup, features, plan::GroupPlan},
+    loader::{
+        self, LoadOptions, ProgramGroup, features,
+        plan::{ExtraPlan, GroupPlan},
+    },
 };
 
 /// The report `check` prints.
@@ -43,6 +46,21 @@ pub struct GroupReport {
     /// Why not, when not.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+    /// Add-ons of the variant that run, by what they count.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub also_counted: Vec<&'static str>,
+    /// Add-ons that could not run: what goes uncounted, and what it would need.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_counted: Vec<NotCounted>,
+}
+
+/// What a group does not count here, and why.
+#[derive(Debug, Serialize)]
+pub struct NotCounted {
+    /// What goes uncounted.
+    pub what: &'static str,
+    /// What counting it needs (the end of a sentence).
+    pub needs: String,
 }
 
 /// `workerprobe check`: exit code 0 when every group asked for runs, 1 otherwise.
@@ -71,7 +89,35 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
                     GroupPlan::Missing(reasons) => reasons.clone(),
                     _ => Vec::new(),
                 };
-                (group.name(), GroupReport { variant, missing })
+                let extras = || {
+                    probe
+                        .plan()
+                        .extras
+                        .iter()
+                        .filter(move |(g, _, _)| g == group)
+                };
+                let also_counted = extras()
+                    .filter(|(_, _, plan)| *plan == ExtraPlan::Runs)
+                    .map(|(_, extra, _)| extra.counts)
+                    .collect();
+                let not_counted = extras()
+                    .filter_map(|(_, extra, plan)| match plan {
+                        ExtraPlan::Missing(needs) => Some(NotCounted {
+                            what: extra.counts,
+                            needs: needs.clone(),
+                        }),
+                        ExtraPlan::Runs => None,
+                    })
+                    .collect();
+                (
+                    group.name(),
+                    GroupReport {
+                        variant,
+                        missing,
+                        also_counted,
+                        not_counted,
+                    },
+                )
             })
             .collect(),
     };
@@ -106,7 +152,16 @@ fn render(report: &CheckReport) -> String {
     );
     for (name, group) in &report.groups {
         match group.variant {
-            Some(variant) => out += &format!("{name:<11} {variant}\n"),
+            Some(variant) => {
+                out += &format!("{name:<11} {variant}");
+                for what in &group.also_counted {
+                    out += &format!("; also {what}");
+                }
+                for missing in &group.not_counted {
+                    out += &format!("; not counted: {} (needs {})", missing.what, missing.needs);
+                }
+                out += "\n";
+            }
             None => {
                 out += &format!(
                     "{name:<11} not measured: needs {}\n",

@@ -378,6 +378,17 @@ fn attach_plan(loaded: &mut Loaded) -> anyhow::Result<Vec<(PlannedProgram, LinkI
             match attach(&mut loaded.ebpf, &loaded.btf, &planned) {
                 Ok(link) => attached.push((planned, link)),
                 Err(Refused(reason)) => {
+                    // An extra refused leaves its group running without it.
+                    if let Some(extra_programs) =
+                        loaded.plan.refuse_extra(planned.program, reason.clone())
+                    {
+                        for (program, _) in
+                            attached.extract_if(.., |(p, _)| extra_programs.contains(p))
+                        {
+                            unload(&mut loaded.ebpf, &program);
+                        }
+                        continue 'plan;
+                    }
                     let group = loaded
                         .plan
                         .group_of(planned.program)
@@ -391,6 +402,11 @@ fn attach_plan(loaded: &mut Loaded) -> anyhow::Result<Vec<(PlannedProgram, LinkI
                         unload(&mut loaded.ebpf, &program);
                     }
                     loaded.plan.fall_back(group, reason);
+                    // Extras of a group that no longer runs go with it.
+                    let planned_now = loaded.plan.programs();
+                    for (program, _) in attached.extract_if(.., |(p, _)| !planned_now.contains(p)) {
+                        unload(&mut loaded.ebpf, &program);
+                    }
                     continue 'plan;
                 }
             }

@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     LoadOptions, Loaded, Probe, ProgramGroup,
-    plan::{GroupPlan, Plan},
+    plan::{ExtraPlan, GroupPlan, Plan},
 };
 use crate::error::UserError;
 
@@ -114,6 +114,9 @@ pub struct PinnedGroup {
     /// Why not, when it is not.
     #[serde(default)]
     pub missing: Vec<String>,
+    /// What the variant's extras that ran count (`plan::Extra::counts`).
+    #[serde(default)]
+    pub extras: Vec<String>,
 }
 
 fn group_names(groups: &[ProgramGroup]) -> Vec<String> {
@@ -140,6 +143,13 @@ impl Meta {
                     GroupPlan::Missing(reasons) => reasons.clone(),
                     _ => Vec::new(),
                 },
+                extras: loaded
+                    .plan
+                    .extras
+                    .iter()
+                    .filter(|(g, _, extra)| g == group && *extra == ExtraPlan::Runs)
+                    .map(|(_, extra, _)| extra.counts.to_string())
+                    .collect(),
             })
             .collect();
         let task = &loaded.task;
@@ -504,7 +514,12 @@ fn recorded_plan(meta: &Meta) -> Plan {
             (group, plan)
         })
         .collect();
-    Plan::recorded(groups)
+    let extras_running: Vec<String> = meta
+        .plan
+        .iter()
+        .flat_map(|pinned| pinned.extras.iter().cloned())
+        .collect();
+    Plan::recorded(groups, &extras_running)
 }
 
 /// What `unpin` removed.

@@ -55,6 +55,50 @@ pub struct Variant {
     pub needs: &'static [Need],
     /// The programs it attaches.
     pub programs: &'static [PlannedProgram],
+    /// Programs that count what this variant's own miss, attached where the kernel allows
+    /// them; without them the variant still runs and the notes say what goes uncounted.
+    pub extras: &'static [Extra],
+}
+
+/// An add-on to a variant.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Extra {
+    /// What it counts, as the subject of a sentence.
+    pub counts: &'static str,
+    /// What the kernel must offer.
+    pub needs: &'static [Need],
+    /// The programs it attaches.
+    pub programs: &'static [PlannedProgram],
+}
+
+/// splice() from a TCP or unix stream socket into a pipe reads through the protocols'
+/// `splice_read`, which neither `recvmsg` nor the 6.3 tracepoint sees.
+pub const SPLICE_READS: Extra = Extra {
+    counts: "bytes read from sockets with splice()",
+    needs: &[
+        Need::Fexit,
+        Need::Function {
+            name: "tcp_splice_read",
+            params: &["sock", "ppos", "pipe", "len", "flags"],
+        },
+        Need::Function {
+            name: "unix_stream_splice_read",
+            params: &["sock", "ppos", "pipe", "size", "flags"],
+        },
+    ],
+    programs: &[
+        fexit("sock_rx_tsplice", "tcp_splice_read"),
+        fexit("sock_rx_usplice", "unix_stream_splice_read"),
+    ],
+};
+
+/// Whether an extra of a running variant counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtraPlan {
+    /// Its programs are attached.
+    Runs,
+    /// Not attached: why, as the end of a sentence.
+    Missing(String),
 }
 
 const fn tp(program: &'static str, tracepoint: &'static str) -> PlannedProgram {
@@ -91,6 +135,7 @@ const CPU: &[Variant] = &[Variant {
         tp("switch_cpu", "sched_switch"),
         tp("moved", "cgroup_attach_task"),
     ],
+    extras: &[],
 }];
 
 const DELAYS: &[Variant] = &[Variant {
@@ -115,6 +160,7 @@ const DELAYS: &[Variant] = &[Variant {
         tp("wakeup_new", "sched_wakeup_new"),
         tp("moved", "cgroup_attach_task"),
     ],
+    extras: &[],
 }];
 
 const WAITS: &[Variant] = &[Variant {
@@ -139,6 +185,7 @@ const WAITS: &[Variant] = &[Variant {
         tp("wakeup_new", "sched_wakeup_new"),
         tp("moved", "cgroup_attach_task"),
     ],
+    extras: &[],
 }];
 
 /// A variant of fexit on the IPv4, IPv6 and unix protocols' `sendmsg` and `recvmsg`, with
@@ -171,6 +218,7 @@ macro_rules! sendmsg_variant {
                 fexit("sock_rx_udgram", "__unix_dgram_recvmsg"),
                 $($program,)*
             ],
+            extras: &[SPLICE_READS],
         }
     };
 }
@@ -197,6 +245,7 @@ const NET: &[Variant] = &[
             fexit("sock_tx_udppage", "udp_sendpage"),
             fexit("sock_tx_upage", "unix_stream_sendpage"),
         ],
+        extras: &[SPLICE_READS],
     },
     Variant {
         name: "tp_btf sock_send_length, sock_recv_length",
@@ -205,6 +254,7 @@ const NET: &[Variant] = &[
             tp("sock_send", "sock_send_length"),
             tp("sock_recv", "sock_recv_length"),
         ],
+        extras: &[SPLICE_READS],
     },
     sendmsg_variant!(
         "fexit on inet/inet6/unix sendmsg, recvmsg, sendpage",
@@ -290,6 +340,7 @@ const LIFECYCLE: &[Variant] = &[Variant {
         tp("cgroup_rmdir", "cgroup_rmdir"),
         tp("process_exit", "sched_process_exit"),
     ],
+    extras: &[],
 }];
 
 const FLOOR: &[Variant] = &[Variant {
@@ -299,6 +350,7 @@ const FLOOR: &[Variant] = &[Variant {
         args: 0,
     }],
     programs: &[tp("switch_floor", "sched_switch")],
+    extras: &[],
 }];
 
 /// The variants of a group, best first.
@@ -327,7 +379,10 @@ pub fn all_needs() -> Vec<Need> {
     ]
     .into_iter()
     .flat_map(variants)
-    .flat_map(|variant| variant.needs.iter().copied())
+    .flat_map(|variant| {
+        let extras = variant.extras.iter().flat_map(|extra| extra.needs.iter());
+        variant.needs.iter().chain(extras).copied()
+    })
     .collect();
     needs.sort_unstable();
     needs.dedup();
@@ -350,6 +405,8 @@ pub enum GroupPlan {
 pub struct Plan {
     /// Each asked-for group, in a fixed order, and how it is measured.
     pub groups: Vec<(ProgramGroup, GroupPlan)>,
+    /// The extras of the running variants, and whether each runs.
+    pub extras: Vec<(ProgramGroup, &'static Extra, ExtraPlan)>,
     /// What the plan was made from, to fall back when the kernel refuses a variant.
     features: KernelFeatures,
 }
@@ -387,18 +444,77 @@ impl Plan {
                 (group, plan)
             })
             .collect();
+        let mut plan = Self {
+            groups,
+            extras: Vec::new(),
+            features: features.clone(),
+        };
+        plan.choose_extras();
+        plan
+    }
+
+    /// A plan as recorded by a pin set: what ran when it was made, and the extras (by what
+    /// they count) that ran with it.
+    pub fn recorded(groups: Vec<(ProgramGroup, GroupPlan)>, extras_running: &[String]) -> Self {
+        let extras = running_variants(&groups)
+            .flat_map(|(group, variant)| variant.extras.iter().map(move |extra| (group, extra)))
+            .map(|(group, extra)| {
+                let plan = if extras_running.iter().any(|counts| counts == extra.counts) {
+                    ExtraPlan::Runs
+                } else {
+                    ExtraPlan::Missing("the agent that made the pin set to have attached it".into())
+                };
+                (group, extra, plan)
+            })
+            .collect();
         Self {
             groups,
-            features: features.clone(),
+            extras,
+            features: KernelFeatures::default(),
         }
     }
 
-    /// A plan as recorded by a pin set: what ran when it was made.
-    pub fn recorded(groups: Vec<(ProgramGroup, GroupPlan)>) -> Self {
-        Self {
-            groups,
-            features: KernelFeatures::default(),
-        }
+    /// Plans the extras of the running variants from the features (keeping a refusal).
+    fn choose_extras(&mut self) {
+        let before = std::mem::take(&mut self.extras);
+        self.extras = running_variants(&self.groups)
+            .flat_map(|(group, variant)| variant.extras.iter().map(move |extra| (group, extra)))
+            .map(|(group, extra)| {
+                let refused = before.iter().find_map(|(_, e, plan)| match plan {
+                    ExtraPlan::Missing(reason) if std::ptr::eq(*e, extra) => Some(reason.clone()),
+                    _ => None,
+                });
+                let plan = match (refused, extra.needs.iter().find(|n| !self.features.has(n))) {
+                    (Some(reason), _) => ExtraPlan::Missing(reason),
+                    (None, Some(unmet)) => ExtraPlan::Missing(unmet.describe_missing()),
+                    (None, None) => ExtraPlan::Runs,
+                };
+                (group, extra, plan)
+            })
+            .collect();
+    }
+
+    /// The kernel refused a program of an extra (`reason`, the end of a sentence): the extra
+    /// is left out, its group runs on. Returns the extra's programs, or `None` when `program`
+    /// belongs to no extra.
+    pub fn refuse_extra(
+        &mut self,
+        program: &str,
+        reason: String,
+    ) -> Option<&'static [PlannedProgram]> {
+        let (_, extra, plan) = self
+            .extras
+            .iter_mut()
+            .find(|(_, extra, _)| extra.programs.iter().any(|p| p.program == program))?;
+        *plan = ExtraPlan::Missing(reason);
+        Some(extra.programs)
+    }
+
+    /// Whether the extra runs.
+    pub fn extra_runs(&self, extra: &Extra) -> bool {
+        self.extras
+            .iter()
+            .any(|(_, e, plan)| std::ptr::eq(*e, extra) && *plan == ExtraPlan::Runs)
     }
 
     /// The programs to attach, each once.
@@ -411,6 +527,12 @@ impl Plan {
                 _ => None,
             })
             .flatten()
+            .chain(
+                self.extras
+                    .iter()
+                    .filter(|(_, _, plan)| *plan == ExtraPlan::Runs)
+                    .flat_map(|(_, extra, _)| extra.programs.iter().copied()),
+            )
             .collect();
         programs.sort_unstable();
         programs.dedup();
@@ -431,6 +553,7 @@ impl Plan {
             net: runs(ProgramGroup::Net),
             lifecycle: runs(ProgramGroup::Lifecycle),
             endpoints: runs(ProgramGroup::Endpoints) && runs(ProgramGroup::Net),
+            splice_reads: runs(ProgramGroup::Net) && self.extra_runs(&SPLICE_READS),
         }
     }
 
@@ -485,6 +608,7 @@ impl Plan {
                 *plan = GroupPlan::Missing(vec!["socket bytes, whose programs keep them".into()]);
             }
         }
+        self.choose_extras();
     }
 
     /// Whether any program is attached at all.
@@ -511,6 +635,13 @@ impl Plan {
                 )),
                 _ => None,
             })
+            .chain(self.extras.iter().filter_map(|(_, extra, plan)| match plan {
+                ExtraPlan::Missing(reason) => Some(format!(
+                    "{} are not counted on Linux {kernel_release}: that needs {reason}; the other measurements run",
+                    extra.counts,
+                )),
+                ExtraPlan::Runs => None,
+            }))
             .collect()
     }
 
@@ -540,6 +671,16 @@ impl Plan {
             _ => None,
         })
     }
+}
+
+/// The variants that run, with their groups.
+fn running_variants(
+    groups: &[(ProgramGroup, GroupPlan)],
+) -> impl Iterator<Item = (ProgramGroup, &'static Variant)> + '_ {
+    groups.iter().filter_map(|(group, plan)| match plan {
+        GroupPlan::Runs(variant) => Some((*group, *variant)),
+        _ => None,
+    })
 }
 
 /// The first variant of `group` from index `from` whose needs `features` meets; otherwise
@@ -595,8 +736,12 @@ mod tests {
         ] {
             features.tracepoints.insert(name.into(), args);
         }
-        // Every function of the fexit variant with sendpage.
-        for need in variants(ProgramGroup::Net)[2].needs {
+        // Every function of the fexit variant with sendpage, and of the splice reads.
+        for need in variants(ProgramGroup::Net)[2]
+            .needs
+            .iter()
+            .chain(SPLICE_READS.needs)
+        {
             if let Need::Function { name, params } = need {
                 features.functions.insert(
                     name.to_string(),
@@ -642,6 +787,8 @@ mod tests {
                 "moved",
                 "process_exit",
                 "sock_recv",
+                "sock_rx_tsplice",
+                "sock_rx_usplice",
                 "sock_send",
                 "switch_waits",
                 "wakeup",
@@ -650,6 +797,51 @@ mod tests {
         );
         assert!(plan.notes("6.12").is_empty());
         assert_eq!(plan.measured(), Measured::default());
+    }
+
+    #[test]
+    fn splice_reads_are_an_extra_that_goes_alone() {
+        // Without fexit (this host): the tracepoints count, splice reads are said to be not.
+        let mut features = without_sendpage(linux_6_1());
+        features.tracepoints.insert("sock_send_length".into(), 3);
+        features.tracepoints.insert("sock_recv_length".into(), 3);
+        let mut no_fexit = features.clone();
+        no_fexit.fexit = false;
+        let plan = Plan::new(&ProgramGroup::DEFAULT, &no_fexit);
+        assert!(names(&plan).contains(&"sock_recv"));
+        assert!(!names(&plan).contains(&"sock_rx_tsplice"));
+        let measured = plan.measured();
+        assert!(measured.net && !measured.splice_reads);
+        let notes = plan.notes("6.18");
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with("bytes read from sockets with splice() are not counted on Linux 6.18: that needs fexit"),
+            "{}",
+            notes[0]
+        );
+        // Refused at attach: the extra goes, the group stays; a later fallback keeps it out.
+        let mut plan = Plan::new(&ProgramGroup::DEFAULT, &features);
+        assert!(plan.measured().splice_reads);
+        let programs = plan.refuse_extra("sock_rx_usplice", "refused".into());
+        assert_eq!(programs, Some(SPLICE_READS.programs));
+        assert!(plan.measured().net && !plan.measured().splice_reads);
+        assert!(!names(&plan).contains(&"sock_rx_tsplice"));
+        assert_eq!(plan.refuse_extra("sock_recv", "no".into()), None);
+        plan.fall_back(ProgramGroup::Net, "refused".into());
+        assert!(names(&plan).contains(&"sock_tx_inet"));
+        assert!(!plan.measured().splice_reads);
+        // The group gone, its extra goes unsaid.
+        plan.fall_back(ProgramGroup::Net, "no".into());
+        assert!(plan.extras.is_empty());
+        // A pin set's plan keeps what it recorded.
+        let recorded = Plan::recorded(
+            vec![(
+                ProgramGroup::Net,
+                GroupPlan::Runs(&variants(ProgramGroup::Net)[1]),
+            )],
+            &[SPLICE_READS.counts.to_string()],
+        );
+        assert!(recorded.measured().splice_reads);
     }
 
     #[test]

@@ -74,6 +74,10 @@ pub struct Measured {
     /// What each sleep waited on (wait reasons). Absent in older recordings: not measured.
     #[serde(default)]
     pub waits: bool,
+    /// Whether the received bytes include those read from sockets with splice() (counted
+    /// only where the kernel allows fexit). Absent in older recordings: they did not.
+    #[serde(default)]
+    pub splice_reads: bool,
 }
 
 impl Default for Measured {
@@ -86,6 +90,7 @@ impl Default for Measured {
             lifecycle: true,
             endpoints: true,
             waits: true,
+            splice_reads: true,
         }
     }
 }

@@ -1211,6 +1211,7 @@ mod tests {
                 cpu: true,
                 delays: false,
                 net: false,
+                splice_reads: false,
             },
             ..Exposition::default()
         });

@@ -4,11 +4,12 @@
 //! Modes:
 //! - `spin MS THREADS`: THREADS threads each busy-loop until it has run MS milliseconds of
 //!   CPU time (its own thread CPU clock), however busy the machine is.
-//! - `recv tcp|udp|unix|unixgram|seqpacket|udp-mmsg ADDR DATAGRAMS`: bind ADDR (port 0 = any; a path
+//! - `recv tcp|udp|unix|unixgram|seqpacket|udp-mmsg|tcp-splice|unix-splice ADDR DATAGRAMS`: bind ADDR (port 0 = any; a path
 //!   for unix and seqpacket), print `{"addr":…}`, then receive until EOF (stream, seqpacket)
 //!   or DATAGRAMS datagrams / 2 s of silence (udp, unixgram: recv; udp-mmsg: recvmmsg in batches of 8);
 //!   every mode MSG_PEEKs first. Prints `{"received_bytes","received_calls","peeked_bytes"}`,
-//!   a call being one message (one datagram of a recvmmsg).
+//!   a call being one message (one datagram of a recvmmsg). `tcp-splice` and `unix-splice`
+//!   read a stream with splice(2) into a pipe instead (a call being one splice), never read.
 //! - `send tcp|udp|unix|unixgram|seqpacket|udp-mmsg ADDR TOTAL SIZES`: send TOTAL bytes in messages
 //!   cycling through the comma-separated SIZES (udp-mmsg: sendmmsg of up to 8, addressed to
 //!   ADDR on an unconnected socket), then try one send that must fail. Prints
@@ -221,6 +222,52 @@ fn send_file(peer: &str, bytes: u64) {
     drop(stream);
     let _ = std::fs::remove_file(&path);
     println!(r#"{{"sent_bytes":{offset},"sendfile_calls":{calls}}}"#);
+}
+
+/// Moves a connection's bytes to its end with splice(2) into a pipe (and on to /dev/null),
+/// never through a read; (bytes, splice calls from the socket).
+fn splice_to_end(socket: i32) -> (u64, u64) {
+    let mut pipe = [0i32; 2];
+    // SAFETY: pipe(2) fills the two descriptors.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0, "pipe");
+    let devnull = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .expect("open /dev/null");
+    let splice = |from: i32, to: i32, len: usize| {
+        // SAFETY: open descriptors; no offsets (neither end is seekable).
+        let moved = unsafe {
+            libc::splice(
+                from,
+                std::ptr::null_mut(),
+                to,
+                std::ptr::null_mut(),
+                len,
+                libc::SPLICE_F_MOVE,
+            )
+        };
+        assert!(moved >= 0, "splice: {}", std::io::Error::last_os_error());
+        moved as u64
+    };
+    let (mut bytes, mut calls) = (0u64, 0u64);
+    loop {
+        let moved = splice(socket, pipe[1], 1 << 20);
+        if moved == 0 {
+            break; // EOF
+        }
+        bytes += moved;
+        calls += 1;
+        let mut left = moved;
+        while left > 0 {
+            left -= splice(pipe[0], devnull.as_raw_fd(), left as usize);
+        }
+    }
+    // SAFETY: the pipe's own descriptors, closed once.
+    unsafe {
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+    }
+    (bytes, calls)
 }
 
 /// Reads a connection to its end; how many bytes.
@@ -466,6 +513,20 @@ fn recv(proto: &str, addr: &str, datagrams: u64) {
                 bytes += n as u64;
                 calls += 1;
             }
+        }
+        "tcp-splice" | "unix-splice" => {
+            let buf = &mut buf[..4096];
+            let stream: Box<dyn std::os::fd::AsRawFd> = if proto == "tcp-splice" {
+                let listener = TcpListener::bind(addr).expect("bind tcp");
+                announce(&listener.local_addr().expect("addr").to_string());
+                Box::new(listener.accept().expect("accept").0)
+            } else {
+                let listener = UnixListener::bind(addr).expect("bind unix");
+                announce(addr);
+                Box::new(listener.accept().expect("accept").0)
+            };
+            peeked += peek(stream.as_raw_fd(), buf);
+            (bytes, calls) = splice_to_end(stream.as_raw_fd());
         }
         "unixgram" => {
             let socket = std::os::unix::net::UnixDatagram::bind(addr).expect("bind unixgram");

@@ -623,6 +623,7 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
                     lifecycle: all.lifecycle && run.lifecycle,
                     endpoints: all.endpoints && run.endpoints,
                     waits: all.waits && run.waits,
+                    splice_reads: all.splice_reads && run.splice_reads,
                 }
             },
         ),
