@@ -16,7 +16,14 @@ pub struct MemoryReader {
     /// The v1 memory controller's mount, on hybrid hosts.
     v1_memory_mount: Option<PathBuf>,
     system: System,
+    /// v1 memory cgroups' process lists, each read at most once per [`V1_PROCS_FRESH`]: many
+    /// workers' processes often share one (a session's), and listing it per worker per tick
+    /// cost the agent most of a core at 1,000 workers.
+    v1_procs: std::collections::HashMap<PathBuf, (std::time::Instant, std::sync::Arc<Vec<u32>>)>,
 }
+
+/// How long a v1 memory cgroup's process list is reused.
+const V1_PROCS_FRESH: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl MemoryReader {
     /// A reader for this host.
@@ -25,6 +32,7 @@ impl MemoryReader {
         Self {
             v1_memory_mount: parse_cgroup1_memory_mount(&mountinfo),
             system: System::new(),
+            v1_procs: std::collections::HashMap::new(),
         }
     }
 
@@ -82,8 +90,8 @@ impl MemoryReader {
     }
 
     /// The v1 memory cgroup of the worker's processes, if it holds nothing else.
-    fn read_v1(&self, pids: &[u32]) -> Option<MemoryReading> {
-        let mount = self.v1_memory_mount.as_ref()?;
+    fn read_v1(&mut self, pids: &[u32]) -> Option<MemoryReading> {
+        let mount = self.v1_memory_mount.clone()?;
         let membership = fs::read_to_string(format!("/proc/{}/cgroup", pids[0])).ok()?;
         let v1_path = parse_v1_memory_membership(&membership)?;
         // The root memory cgroup holds every process placed nowhere else: never one worker's
@@ -92,12 +100,34 @@ impl MemoryReader {
             return None;
         }
         let v1_dir = mount.join(v1_path.trim_start_matches('/'));
-        let v1_pids = crate::cgroup::procs(&v1_dir);
+        let v1_pids = self.v1_procs_of(&v1_dir);
         // A memory cgroup shared with other processes would not be this worker's memory.
-        if v1_pids.is_empty() || !v1_pids.iter().all(|pid| pids.contains(pid)) {
+        if v1_pids.is_empty()
+            || v1_pids.len() > pids.len()
+            || !v1_pids.iter().all(|pid| pids.contains(pid))
+        {
             return None;
         }
         read_v1_dir(&v1_dir)
+    }
+
+    /// The processes of a v1 memory cgroup, as read at most [`V1_PROCS_FRESH`] ago.
+    fn v1_procs_of(&mut self, dir: &Path) -> std::sync::Arc<Vec<u32>> {
+        let now = std::time::Instant::now();
+        if let Some((read_at, pids)) = self.v1_procs.get(dir)
+            && now.duration_since(*read_at) < V1_PROCS_FRESH
+        {
+            return std::sync::Arc::clone(pids);
+        }
+        // Bounded: stale entries go whenever the map grows large.
+        if self.v1_procs.len() > 4096 {
+            self.v1_procs
+                .retain(|_, (read_at, _)| now.duration_since(*read_at) < V1_PROCS_FRESH);
+        }
+        let pids = std::sync::Arc::new(crate::cgroup::procs(dir));
+        self.v1_procs
+            .insert(dir.to_path_buf(), (now, std::sync::Arc::clone(&pids)));
+        pids
     }
 
     fn rss_bytes(&mut self, pids: &[u32]) -> u64 {

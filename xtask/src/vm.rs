@@ -510,10 +510,22 @@ fn describe_from_check(row: &mut Row, text: &str) {
     );
     if let Some(groups) = check["groups"].as_object() {
         for (group, report) in groups {
-            let cell = match report["variant"].as_str() {
+            let mut cell = match report["variant"].as_str() {
                 Some(variant) => variant.to_owned(),
                 None => format!("not measured: {}", list(&report["missing"])),
             };
+            // The variant's add-ons: what it also counts here, or cannot.
+            for also in report["also_counted"].as_array().into_iter().flatten() {
+                cell += &format!("; also {}", also.as_str().unwrap_or("?"));
+            }
+            for missing in report["not_counted"].as_array().into_iter().flatten() {
+                let needs = missing["needs"].as_str().unwrap_or("?");
+                cell += &format!(
+                    "; **not counted**: {} (needs {})",
+                    missing["what"].as_str().unwrap_or("?"),
+                    needs.split(" (").next().unwrap_or(needs)
+                );
+            }
             row.variants.insert(group.clone(), cell);
         }
     }
