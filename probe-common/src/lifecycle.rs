@@ -3,9 +3,10 @@
 
 /// Name of the ring buffer of [`CgroupEvent`]s.
 pub const EVENTS_MAP: &str = "CGROUP_EVENTS";
-/// Size of the ring buffer: room for about 8,000 events (4,000 short workers) between two
-/// reads, seconds of the fastest churn measured, should a sample keep the reader busy.
-pub const EVENTS_BYTES: u32 = 4 * 1024 * 1024;
+/// Size of the ring buffer: room for about 4,000 events (2,000 short workers) between two
+/// reads, twice the first size's, should a sample keep the reader busy. Each MiB costs the
+/// agent 2 MiB of resident memory: the kernel maps the ring whole, and twice.
+pub const EVENTS_BYTES: u32 = 2 * 1024 * 1024;
 /// Longest path carried in an event (longer ones are cut; the id stays exact).
 pub const EVENT_PATH_BYTES: usize = 480;
 

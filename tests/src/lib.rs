@@ -203,7 +203,6 @@ pub fn field(value: &serde_json::Value, name: &str) -> u64 {
 /// or "serving" line, after only the kernel's notes — so the test's work starts inside its
 /// window.
 pub fn start_agent<S: AsRef<std::ffi::OsStr>>(args: &[S], ready: &str) -> Child {
-    use std::io::BufRead as _;
     let mut agent = Command::new(workerprobe_path())
         .args(args)
         .stdout(Stdio::piped())
@@ -211,26 +210,31 @@ pub fn start_agent<S: AsRef<std::ffi::OsStr>>(args: &[S], ready: &str) -> Child 
         .spawn()
         .expect("start workerprobe");
     let mut stderr = std::io::BufReader::new(agent.stderr.take().expect("stderr"));
-    loop {
-        let mut line = String::new();
-        stderr.read_line(&mut line).expect("read agent stderr");
-        if line.contains(ready) {
-            break;
-        }
-        // What this kernel cannot measure is said first, once (e.g. splice reads where fexit
-        // is refused); anything else before `ready` is a failure.
-        assert!(
-            line.contains(" on Linux ") && line.contains("the other measurements run"),
-            "agent said {line:?}, not {ready:?}"
-        );
-        eprintln!("agent: {}", line.trim_end());
-    }
+    wait_until_ready(&mut stderr, ready);
     // Keep reading: an agent whose stderr is closed would fail its next warning.
     std::thread::spawn(move || {
         let mut rest = String::new();
         let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
     });
     agent
+}
+
+/// Reads an agent's stderr up to the line that contains `ready`. What this kernel cannot
+/// measure is said first, once (e.g. splice reads where fexit is refused); anything else
+/// before `ready` fails the test.
+pub fn wait_until_ready(stderr: &mut impl std::io::BufRead, ready: &str) {
+    loop {
+        let mut line = String::new();
+        stderr.read_line(&mut line).expect("read agent stderr");
+        if line.contains(ready) {
+            return;
+        }
+        assert!(
+            line.contains(" on Linux ") && line.contains("the other measurements run"),
+            "agent said {line:?}, not {ready:?}"
+        );
+        eprintln!("agent: {}", line.trim_end());
+    }
 }
 
 /// A directory on a real disk for file I/O: `$WP_SCRATCH` (the VM tests point it at a

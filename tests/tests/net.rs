@@ -302,3 +302,77 @@ fn bytes_read_with_splice_are_exact_where_the_kernel_lets_them_be_counted() {
         );
     }
 }
+
+#[test]
+fn zero_copy_and_io_uring_paths_are_exact() {
+    let mut collector = collector();
+    // (sender's way, receiver's way, whether one call of the workload is one of ours)
+    for (send_proto, recv_proto, calls_match) in [
+        ("tcp-zerocopy", "tcp", true),
+        ("tcp-splice-in", "tcp", false),
+        ("tcp-uring", "tcp-uring", true),
+    ] {
+        let sender = TestCgroup::new(&format!("{send_proto}-send"));
+        let receiver = TestCgroup::new(&format!("{recv_proto}-{send_proto}-recv"));
+        let before = collector.sample().expect("sample");
+        let mut recv = receiver.spawn_workload(&["recv", recv_proto, "127.0.0.1:0", "0"]);
+        let addr = read_first_json_line(&mut recv)["addr"]
+            .as_str()
+            .expect("receiver address")
+            .to_string();
+        let sent = wait_json(sender.spawn_workload(&[
+            "send",
+            send_proto,
+            &addr,
+            &(8u64 << 20).to_string(),
+            "100,4096,65536,1000000",
+        ]));
+        let received = wait_json(recv);
+        let after = collector.sample().expect("sample");
+        let family = probe_common::net::FAMILY_IPV4;
+        let (sent_bytes, sent_calls, sender_rx, _) = traffic(&before, &after, sender.id, family);
+        let (_, _, received_bytes, received_calls) = traffic(&before, &after, receiver.id, family);
+        eprintln!(
+            "{send_proto} → {recv_proto}: workload sent {sent}, received {received}; ours sent {sent_bytes}/{sent_calls}, received {received_bytes}/{received_calls}"
+        );
+        assert_eq!(
+            field(&sent, "failed_sends"),
+            1,
+            "{send_proto}: the failing send"
+        );
+        assert_eq!(
+            sent_bytes,
+            field(&sent, "sent_bytes"),
+            "{send_proto}: bytes sent"
+        );
+        assert_eq!(
+            received_bytes,
+            field(&received, "received_bytes"),
+            "{recv_proto}: bytes received"
+        );
+        assert_eq!(
+            field(&sent, "sent_bytes"),
+            field(&received, "received_bytes")
+        );
+        assert_eq!(
+            received_calls,
+            field(&received, "received_calls"),
+            "{recv_proto}: receive calls"
+        );
+        if calls_match {
+            assert_eq!(
+                sent_calls,
+                field(&sent, "sent_calls"),
+                "{send_proto}: send calls"
+            );
+        } else {
+            // Splice into a socket: one call per chunk the kernel pushes.
+            assert!(
+                sent_calls >= field(&sent, "sent_calls"),
+                "{send_proto}: {sent_calls} calls"
+            );
+        }
+        // Zerocopy completions read off the error queue are not payload.
+        assert_eq!(sender_rx, 0, "{send_proto}: the sender received nothing");
+    }
+}

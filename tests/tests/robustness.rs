@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeSet,
-    io::{BufRead as _, BufReader},
+    io::BufReader,
     path::{Path, PathBuf},
     process::{Child, ChildStderr, Command, Stdio},
     sync::atomic::{AtomicUsize, Ordering},
@@ -27,9 +27,7 @@ fn start_agent_with_stderr(args: &[&str], ready: &str) -> (Child, BufReader<Chil
         .spawn()
         .expect("start workerprobe");
     let mut stderr = BufReader::new(agent.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    stderr.read_line(&mut line).expect("read agent stderr");
-    assert!(line.contains(ready), "agent said {line:?}, not {ready:?}");
+    workerprobe_tests::wait_until_ready(&mut stderr, ready);
     (agent, stderr)
 }
 

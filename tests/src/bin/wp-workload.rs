@@ -4,16 +4,19 @@
 //! Modes:
 //! - `spin MS THREADS`: THREADS threads each busy-loop until it has run MS milliseconds of
 //!   CPU time (its own thread CPU clock), however busy the machine is.
-//! - `recv tcp|udp|unix|unixgram|seqpacket|udp-mmsg|tcp-splice|unix-splice ADDR DATAGRAMS`: bind ADDR (port 0 = any; a path
+//! - `recv tcp|udp|unix|unixgram|seqpacket|udp-mmsg|tcp-splice|unix-splice|tcp-uring ADDR DATAGRAMS`: bind ADDR (port 0 = any; a path
 //!   for unix and seqpacket), print `{"addr":…}`, then receive until EOF (stream, seqpacket)
 //!   or DATAGRAMS datagrams / 2 s of silence (udp, unixgram: recv; udp-mmsg: recvmmsg in batches of 8);
 //!   every mode MSG_PEEKs first. Prints `{"received_bytes","received_calls","peeked_bytes"}`,
 //!   a call being one message (one datagram of a recvmmsg). `tcp-splice` and `unix-splice`
-//!   read a stream with splice(2) into a pipe instead (a call being one splice), never read.
-//! - `send tcp|udp|unix|unixgram|seqpacket|udp-mmsg ADDR TOTAL SIZES`: send TOTAL bytes in messages
-//!   cycling through the comma-separated SIZES (udp-mmsg: sendmmsg of up to 8, addressed to
-//!   ADDR on an unconnected socket), then try one send that must fail. Prints
-//!   `{"sent_bytes","sent_calls","failed_sends"}`.
+//!   read a stream with splice(2) into a pipe instead (a call being one splice), never read;
+//!   `tcp-uring` with io_uring recv.
+//! - `send tcp|udp|unix|unixgram|seqpacket|udp-mmsg|tcp-zerocopy|tcp-splice-in|tcp-uring ADDR
+//!   TOTAL SIZES`: send TOTAL bytes in messages cycling through the comma-separated SIZES
+//!   (udp-mmsg: sendmmsg of up to 8, addressed to ADDR on an unconnected socket;
+//!   tcp-zerocopy: send with MSG_ZEROCOPY; tcp-splice-in: each message written into a pipe and
+//!   spliced into the socket, at most 64 KiB; tcp-uring: io_uring send), then try one send
+//!   that must fail. Prints `{"sent_bytes","sent_calls","failed_sends"}`.
 //! - `nap COUNT MS [wait]`: sleep COUNT times MS milliseconds; prints `{"slept_ns"}`, the naps
 //!   as it timed them. With `wait`: first print `{"ready":true}` and stay on the CPU, never
 //!   sleeping, until SIGUSR1 arrives, so a test can start its window after the process's
@@ -514,6 +517,27 @@ fn recv(proto: &str, addr: &str, datagrams: u64) {
                 calls += 1;
             }
         }
+        "tcp-uring" => {
+            let listener = TcpListener::bind(addr).expect("bind tcp");
+            announce(&listener.local_addr().expect("addr").to_string());
+            let (stream, _) = listener.accept().expect("accept");
+            peeked += peek(stream.as_raw_fd(), &mut buf[..4096]);
+            let mut ring = io_uring::IoUring::new(8).expect("io_uring");
+            loop {
+                let recv = io_uring::opcode::Recv::new(
+                    io_uring::types::Fd(stream.as_raw_fd()),
+                    buf.as_mut_ptr(),
+                    buf.len() as u32,
+                )
+                .build();
+                let n = uring_result(&mut ring, recv).expect("io_uring recv");
+                if n == 0 {
+                    break;
+                }
+                bytes += n as u64;
+                calls += 1;
+            }
+        }
         "tcp-splice" | "unix-splice" => {
             let buf = &mut buf[..4096];
             let stream: Box<dyn std::os::fd::AsRawFd> = if proto == "tcp-splice" {
@@ -791,6 +815,93 @@ fn send(proto: &str, addr: &str, total: u64, sizes: &str) {
             // A send after shutdown fails with EPIPE and must count nothing.
             failing_send(stream.as_raw_fd())
         }
+        "tcp-zerocopy" => {
+            let stream = TcpStream::connect(addr).expect("connect tcp");
+            let fd = stream.as_raw_fd();
+            let on: libc::c_int = 1;
+            // SAFETY: an int option on our socket.
+            let set = unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_ZEROCOPY,
+                    (&on as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as u32,
+                )
+            };
+            assert_eq!(set, 0, "SO_ZEROCOPY: {}", std::io::Error::last_os_error());
+            let mut sends = 0u64;
+            write_all(&mut |buf| {
+                sends += 1;
+                if sends % 32 == 0 {
+                    drain_error_queue(fd);
+                }
+                // SAFETY: buf is valid for its length.
+                let n =
+                    unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_ZEROCOPY) };
+                if n < 0 {
+                    Err(std::io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            drain_error_queue(fd);
+            stream
+                .shutdown(std::net::Shutdown::Write)
+                .expect("shutdown");
+            failing_send(fd)
+        }
+        "tcp-splice-in" => {
+            // Each chunk is written into a pipe, then spliced from the pipe into the socket.
+            let stream = TcpStream::connect(addr).expect("connect tcp");
+            let mut pipe = [0i32; 2];
+            // SAFETY: pipe(2) fills the two descriptors.
+            assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0, "pipe");
+            write_all(&mut |buf| {
+                let buf = &buf[..buf.len().min(65536)]; // what a default pipe holds
+                // SAFETY: buf is valid for its length; the pipe is ours.
+                let written = unsafe { libc::write(pipe[1], buf.as_ptr().cast(), buf.len()) };
+                assert_eq!(written, buf.len() as isize, "write to the pipe");
+                let mut left = buf.len();
+                while left > 0 {
+                    // SAFETY: open descriptors, no offsets.
+                    let moved = unsafe {
+                        libc::splice(
+                            pipe[0],
+                            std::ptr::null_mut(),
+                            stream.as_raw_fd(),
+                            std::ptr::null_mut(),
+                            left,
+                            0,
+                        )
+                    };
+                    assert!(moved > 0, "splice: {}", std::io::Error::last_os_error());
+                    left -= moved as usize;
+                }
+                Ok(buf.len())
+            });
+            stream
+                .shutdown(std::net::Shutdown::Write)
+                .expect("shutdown");
+            failing_send(stream.as_raw_fd())
+        }
+        "tcp-uring" => {
+            let stream = TcpStream::connect(addr).expect("connect tcp");
+            let mut ring = io_uring::IoUring::new(8).expect("io_uring");
+            write_all(&mut |buf| {
+                let send = io_uring::opcode::Send::new(
+                    io_uring::types::Fd(stream.as_raw_fd()),
+                    buf.as_ptr(),
+                    buf.len() as u32,
+                )
+                .build();
+                uring_result(&mut ring, send)
+            });
+            stream
+                .shutdown(std::net::Shutdown::Write)
+                .expect("shutdown");
+            failing_send(stream.as_raw_fd())
+        }
         "unix" => {
             let mut stream = UnixStream::connect(addr).expect("connect unix");
             write_all(&mut |buf| stream.write(buf));
@@ -860,6 +971,38 @@ fn send(proto: &str, addr: &str, total: u64, sizes: &str) {
         _ => usage(),
     };
     println!(r#"{{"sent_bytes":{bytes},"sent_calls":{calls},"failed_sends":{failed}}}"#);
+}
+
+/// Reads the zerocopy completions off a socket's error queue (they would otherwise fill it).
+fn drain_error_queue(fd: i32) {
+    let mut control = [0u8; 256];
+    loop {
+        // SAFETY: an all-zero msghdr is valid; control outlives the call.
+        let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+        message.msg_control = control.as_mut_ptr().cast();
+        message.msg_controllen = control.len();
+        // SAFETY: message points at valid memory.
+        let n = unsafe { libc::recvmsg(fd, &mut message, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
+        if n < 0 {
+            return;
+        }
+    }
+}
+
+/// Submits one io_uring operation and waits for it: its result as a read or write's.
+fn uring_result(
+    ring: &mut io_uring::IoUring,
+    entry: io_uring::squeue::Entry,
+) -> std::io::Result<usize> {
+    // SAFETY: the buffer the entry points at outlives the wait below.
+    unsafe { ring.submission().push(&entry) }.expect("submission queue full");
+    ring.submit_and_wait(1)?;
+    let result = ring.completion().next().expect("a completion").result();
+    if result < 0 {
+        Err(std::io::Error::from_raw_os_error(-result))
+    } else {
+        Ok(result as usize)
+    }
 }
 
 /// Makes one send that the kernel refuses; returns 1 if it failed as expected.
