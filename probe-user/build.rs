@@ -15,6 +15,15 @@ fn main() -> anyhow::Result<()> {
         .manifest_path
         .parent()
         .ok_or_else(|| anyhow!("probe-ebpf manifest has no parent directory"))?;
+    // The programs are built from probe-common too (map sizes, event layouts): a change
+    // there must rebuild them, or the object and this crate would disagree.
+    let common = packages
+        .iter()
+        .find(|package| package.name.as_str() == "probe-common")
+        .and_then(|package| package.manifest_path.parent())
+        .ok_or_else(|| anyhow!("probe-common package not found in the workspace"))?;
+    println!("cargo:rerun-if-changed={common}/src");
+    println!("cargo:rerun-if-changed={common}/Cargo.toml");
     if which_bpf_linker().is_none() {
         return Err(anyhow!(
             "bpf-linker is not installed: run `cargo xtask setup` (it installs bpf-linker and the nightly rust-src)"

@@ -833,7 +833,7 @@ fn send(proto: &str, addr: &str, total: u64, sizes: &str) {
             let mut sends = 0u64;
             write_all(&mut |buf| {
                 sends += 1;
-                if sends % 32 == 0 {
+                if sends.is_multiple_of(32) {
                     drain_error_queue(fd);
                 }
                 // SAFETY: buf is valid for its length.
