@@ -312,6 +312,22 @@ impl KernelCollector {
         self.measured
     }
 
+    /// The cgroup at `path` as a worker: its id (if it exists) and who it is, with its
+    /// runtime's names (a pod that `--depth` made a worker though no thread of its own ran).
+    pub fn holder(
+        &mut self,
+        path: &str,
+    ) -> (u64, std::sync::Arc<crate::model::identity::Identity>) {
+        match crate::cgroup::cgroup_id(&self.cgroups.dir_of(path)) {
+            Ok(cgroup_id) => (cgroup_id, self.names.identity(cgroup_id, path)),
+            // Gone: named by its path alone (the names are kept by id).
+            Err(_) => (
+                0,
+                std::sync::Arc::new(crate::model::identity::identify(path)),
+            ),
+        }
+    }
+
     /// Where the cgroup2 hierarchy is, and which path each id names.
     pub fn cgroups(&mut self) -> &mut CgroupIndex {
         &mut self.cgroups

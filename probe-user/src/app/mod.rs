@@ -56,11 +56,13 @@ pub fn start_collector(probe_args: &ProbeArgs) -> anyhow::Result<KernelCollector
 }
 
 /// Folds the interval's workers to the tree level `--depth` asks for, if it asks.
-fn fold(interval: &mut model::Interval, tree: &crate::cli::TreeArgs, cgroups: &CgroupIndex) {
+fn fold(
+    interval: &mut model::Interval,
+    tree: &crate::cli::TreeArgs,
+    collector: &mut KernelCollector,
+) {
     if let Some(level) = tree.depth {
-        interval.fold(level, |path| {
-            crate::cgroup::cgroup_id(&cgroups.dir_of(path)).ok()
-        });
+        interval.fold(level, |path| collector.holder(path));
     }
 }
 
@@ -119,7 +121,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
                         let _ = collector.poll();
                         let current = collector.sample()?;
                         let mut interval = model::diff(Some(&previous), &current);
-                        fold(&mut interval, &args.tree, collector.collector().cgroups());
+                        fold(&mut interval, &args.tree, collector.collector());
                         interval.retain_selected(&selection);
                         memory.read_active(&mut interval, |path| collector.collector().cgroups().dir_of(path));
                         previous = current;
@@ -157,7 +159,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
         let _ = collector.poll();
         let current = collector.sample()?;
         let mut interval = model::diff(Some(&previous), &current);
-        fold(&mut interval, &args.tree, collector.collector().cgroups());
+        fold(&mut interval, &args.tree, collector.collector());
         interval.retain_selected(&selection);
         memory.read_active(&mut interval, |path| {
             collector.collector().cgroups().dir_of(path)
@@ -194,7 +196,7 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
         warn::tell(&warning);
     }
     let mut interval = model::diff(Some(&start), &end);
-    fold(&mut interval, &args.tree, collector.cgroups());
+    fold(&mut interval, &args.tree, &mut collector);
     interval.retain_selected(&selection);
     crate::memory::MemoryReader::new()
         .read_active(&mut interval, |path| collector.cgroups().dir_of(path));

@@ -70,6 +70,20 @@ impl Identity {
         self.ids.contains_key("container_id") && !self.ids.contains_key("container_name")
     }
 
+    /// Whether this identity names a Kubernetes pod's own cgroup whose runtime could tell
+    /// the pod's name: its uid is known but no name yet.
+    pub fn wants_pod_name(&self) -> bool {
+        self.kind == WorkerKind::Kubernetes
+            && self.ids.contains_key("pod_uid")
+            && !self.ids.contains_key("container_id")
+            && !self.ids.contains_key("pod_name")
+    }
+
+    /// Whether a runtime could still name this worker better.
+    pub fn wants_runtime_names(&self) -> bool {
+        self.wants_container_name() || self.wants_pod_name()
+    }
+
     /// The container id the path gave, when it names a container.
     pub fn container_id(&self) -> Option<&str> {
         self.ids.get("container_id").map(String::as_str)
@@ -101,6 +115,18 @@ impl Identity {
                 self.ids.insert("image_id".to_owned(), image_id.clone());
             }
         }
+        self
+    }
+
+    /// This pod's cgroup, named as its runtime lists the pod: `namespace/name`.
+    pub fn named_by_pod(mut self, pod: &PodNames) -> Identity {
+        if pod.name.is_empty() {
+            return self;
+        }
+        self.name = format!("{}/{}", pod.namespace, pod.name);
+        self.ids.insert("pod_name".to_owned(), pod.name.clone());
+        self.ids
+            .insert("namespace".to_owned(), pod.namespace.clone());
         self
     }
 }

@@ -54,7 +54,7 @@ impl WorkerRecord {
     /// Takes a later identity that its runtime named (a container whose runtime was asked
     /// before it knew the container).
     fn learn(&mut self, identity: &Identity) {
-        if self.identity.wants_container_name() && !identity.wants_container_name() {
+        if self.identity.wants_runtime_names() && !identity.wants_runtime_names() {
             self.identity = identity.clone();
         }
     }

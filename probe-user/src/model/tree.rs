@@ -77,9 +77,13 @@ impl Interval {
     /// Folds every worker below `level` into its ancestor at `level`, which becomes a worker
     /// (with `subtree` set) even if no thread of its own ran: a pod summing its containers, a
     /// slice its services. Workers above the level keep their own figures, so no thread is
-    /// counted twice. `id_of` gives an ancestor's cgroup id when no worker had it. Memory is
-    /// cleared where workers were merged: read it again for the folded path.
-    pub fn fold(&mut self, level: Level, mut id_of: impl FnMut(&str) -> Option<u64>) {
+    /// counted twice. `holder_of` gives an ancestor's cgroup id and identity when no worker
+    /// had it. Memory is cleared where workers were merged: read it again for the folded path.
+    pub fn fold(
+        &mut self,
+        level: Level,
+        mut holder_of: impl FnMut(&str) -> (u64, std::sync::Arc<super::identity::Identity>),
+    ) {
         let mut kept: Vec<WorkerStats> = Vec::new();
         let mut folded: Vec<WorkerStats> = Vec::new();
         let mut at: HashMap<String, usize> = HashMap::new();
@@ -107,9 +111,10 @@ impl Interval {
                 None => {
                     let mut entry = worker;
                     if !is_ancestor {
-                        entry.cgroup_id = id_of(&ancestor).unwrap_or(0);
+                        let (cgroup_id, identity) = holder_of(&ancestor);
+                        entry.cgroup_id = cgroup_id;
                         entry.path = Some(ancestor.clone());
-                        entry.identity = None;
+                        entry.identity = Some(identity);
                         entry.memory = None;
                     }
                     entry.subtree = true;
@@ -334,7 +339,12 @@ mod tests {
         };
         let before: u64 = interval.workers.iter().map(WorkerStats::cpu_ns).sum();
         let ids = HashMap::from([("/kubepods/burstable/pod1".to_owned(), 15u64)]);
-        interval.fold(Level::Depth(3), |path| ids.get(path).copied());
+        interval.fold(Level::Depth(3), |path| {
+            (
+                ids.get(path).copied().unwrap_or(0),
+                std::sync::Arc::new(identify(path)),
+            )
+        });
 
         assert_eq!(interval.level, Some(Level::Depth(3)));
         let after: u64 = interval.workers.iter().map(WorkerStats::cpu_ns).sum();

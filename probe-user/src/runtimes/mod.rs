@@ -6,17 +6,20 @@
 //! give. Lookups are answered from memory: a runtime's state is read when it changes, not per
 //! lookup, so a container that lived a fraction of a second is named too.
 
+mod cri;
 mod docker;
 mod podman;
 
 use std::{collections::HashMap, sync::Arc};
 
-use crate::model::identity::{ContainerInfo, Identity, WorkerKind, identify};
+use crate::model::identity::{ContainerInfo, Identity, PodNames, WorkerKind, identify};
 
 /// The container runtimes found on this node.
 pub struct Runtimes {
     podman: Option<podman::Podman>,
     docker: Option<docker::Docker>,
+    /// containerd or CRI-O, whichever answers first.
+    cri: Option<cri::Cri>,
 }
 
 impl Runtimes {
@@ -25,6 +28,9 @@ impl Runtimes {
         Self {
             podman: podman::Podman::start(podman::DEFAULT_GRAPH_ROOT.as_ref()),
             docker: docker::Docker::start(docker::DEFAULT_SOCKET.as_ref()),
+            cri: cri::SOCKETS
+                .iter()
+                .find_map(|(runtime, socket)| cri::Cri::start(runtime, socket.as_ref())),
         }
     }
 
@@ -33,6 +39,7 @@ impl Runtimes {
         Self {
             podman: None,
             docker: None,
+            cri: None,
         }
     }
 
@@ -45,8 +52,18 @@ impl Runtimes {
             (WorkerKind::Docker, _) | (WorkerKind::Kubernetes, Some("docker")) => {
                 self.docker.as_ref()?.describe(id)
             }
+            // containerd, CRI-O, or a cgroupfs path that does not say which.
+            (WorkerKind::Kubernetes, _) => self.cri.as_ref()?.describe(id),
             _ => None,
         }
+    }
+
+    /// The Kubernetes pod a pod's own cgroup (no container id) is, if a CRI runtime lists it.
+    fn pod(&self, identity: &Identity) -> Option<PodNames> {
+        if identity.kind != WorkerKind::Kubernetes || identity.container_id().is_some() {
+            return None;
+        }
+        self.cri.as_ref()?.pod(identity.ids.get("pod_uid")?)
     }
 }
 
@@ -73,7 +90,7 @@ impl WorkerNames {
     /// yet is asked about again at the next call (a lookup in memory).
     pub fn identity(&mut self, cgroup_id: u64, path: &str) -> Arc<Identity> {
         if let Some(identity) = self.named.get(&cgroup_id)
-            && !identity.wants_container_name()
+            && !identity.wants_runtime_names()
         {
             return Arc::clone(identity);
         }
@@ -83,7 +100,10 @@ impl WorkerNames {
             .map_or_else(|| identify(path), |identity| Identity::clone(identity));
         let identity = Arc::new(match self.runtimes.describe(&identity) {
             Some(info) => identity.named_by(&info),
-            None => identity,
+            None => match self.runtimes.pod(&identity) {
+                Some(pod) => identity.named_by_pod(&pod),
+                None => identity,
+            },
         });
         if self.named.len() >= MAX_NAMED {
             self.named.clear();
