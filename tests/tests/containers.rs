@@ -70,6 +70,11 @@ fn import_image() {
         .status()
         .expect("run tar");
     assert!(status.success(), "tar of the rootfs failed");
+    // The last run's image goes first: re-tagging would leave it behind, nameless.
+    let _ = Command::new(PODMAN)
+        .args(["rmi", "--force", IMAGE])
+        .stdin(Stdio::null())
+        .output();
     podman(&["import", tarball.to_str().expect("UTF-8 path"), IMAGE]);
     let _ = std::fs::remove_dir_all(&dir);
 }
