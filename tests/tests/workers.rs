@@ -712,6 +712,15 @@ fn a_parents_exit_summary_at_its_depth_sums_its_children_and_they_have_none() {
         (user_s + system_s - ours_s).abs() < 1e-5,
         "user + system = cpu"
     );
+    // Its memory peak: its own memory cgroup's, or its children's processes' as the kernel
+    // kept them.
+    assert!(
+        summary["memory"]["peak_bytes"]
+            .as_u64()
+            .is_some_and(|bytes| bytes > 0),
+        "{}",
+        summary["memory"]
+    );
 
     // Without --depth: a summary per child (its own threads), none for the threadless parent.
     let plain_exits = exits(&plain, &prefix);

@@ -197,6 +197,15 @@ impl Watcher {
         let own = self.collector.finish(cgroup_id);
         match level.holder(&record.path) {
             Some(holder) if holder != record.path => {
+                // Its processes' memory peaks go up with its counters.
+                let own = match (own, exit_memory) {
+                    (Some(own), exit_memory) => Some(WorkerCounters { exit_memory, ..own }),
+                    (None, Some(exit_memory)) => Some(WorkerCounters {
+                        exit_memory: Some(exit_memory),
+                        ..WorkerCounters::default()
+                    }),
+                    (None, None) => None,
+                };
                 if let Some(own) = own {
                     self.subtrees.entry(holder).or_default().absorb(&own);
                 }
@@ -285,7 +294,19 @@ impl Watcher {
                 gone_now.insert(record.cgroup_id);
             }
         }
-        for &cgroup_id in &gone_now {
+        // Deepest first: a cgroup's children end before it, so its subtree is complete.
+        let mut vanished: Vec<(usize, u64)> = gone_now
+            .iter()
+            .map(|&id| {
+                let depth = self
+                    .registry
+                    .get(id)
+                    .map_or(0, |record| crate::model::tree::depth_of(&record.path));
+                (depth, id)
+            })
+            .collect();
+        vanished.sort_unstable_by(|a, b| b.cmp(a));
+        for (_, cgroup_id) in vanished {
             let queued = self.removed.iter().any(|&(id, _, _)| id == cgroup_id);
             if self.gone.contains(&cgroup_id) && !queued {
                 self.removed

@@ -481,7 +481,7 @@ impl Plan {
             .flat_map(|(group, variant)| variant.extras.iter().map(move |extra| (group, extra)))
             .map(|(group, extra)| {
                 let refused = before.iter().find_map(|(_, e, plan)| match plan {
-                    ExtraPlan::Missing(reason) if std::ptr::eq(*e, extra) => Some(reason.clone()),
+                    ExtraPlan::Missing(reason) if e.counts == extra.counts => Some(reason.clone()),
                     _ => None,
                 });
                 let plan = match (refused, extra.needs.iter().find(|n| !self.features.has(n))) {
@@ -514,7 +514,7 @@ impl Plan {
     pub fn extra_runs(&self, extra: &Extra) -> bool {
         self.extras
             .iter()
-            .any(|(_, e, plan)| std::ptr::eq(*e, extra) && *plan == ExtraPlan::Runs)
+            .any(|(_, e, plan)| e.counts == extra.counts && *plan == ExtraPlan::Runs)
     }
 
     /// The programs to attach, each once.

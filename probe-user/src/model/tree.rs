@@ -224,7 +224,26 @@ impl WorkerCounters {
             sum.sent_calls += add.sent_calls;
             sum.received_calls += add.received_calls;
         }
-        self.endpoints.extend(other.endpoints.iter().cloned());
+        // One entry per remote endpoint, whichever descendant talked to it: a holder that
+        // lives long keeps a bounded list.
+        for add in &other.endpoints {
+            let same_peer = |mine: &&mut super::endpoints::EndpointDelta| {
+                (mine.key.addr, mine.key.port, mine.key.family)
+                    == (add.key.addr, add.key.port, add.key.family)
+            };
+            match self.endpoints.iter_mut().find(same_peer) {
+                Some(mine) => {
+                    let (sum, add) = (&mut mine.stats, &add.stats);
+                    sum.sent_bytes += add.sent_bytes;
+                    sum.received_bytes += add.received_bytes;
+                    sum.sent_calls += add.sent_calls;
+                    sum.received_calls += add.received_calls;
+                    sum.wait_ns += add.wait_ns;
+                    sum.waits += add.waits;
+                }
+                None => self.endpoints.push(add.clone()),
+            }
+        }
         if let Some(add) = other.exit_memory {
             let mine = self.exit_memory.get_or_insert_with(Default::default);
             mine.largest_process_peak_bytes = mine
@@ -296,9 +315,27 @@ mod tests {
             ..Default::default()
         };
         child.net.families[1].received_bytes = 100;
+        let peer = probe_common::net::EndpointKey {
+            cgroup_id: 7,
+            addr: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            port: 9000,
+            family: 2,
+            reserved: 0,
+        };
+        child.endpoints = vec![super::super::endpoints::EndpointDelta {
+            key: peer,
+            stats: probe_common::net::EndpointStats {
+                sent_bytes: 5,
+                ..Default::default()
+            },
+        }];
+        let mut other_child = child.clone();
+        other_child.endpoints[0].key.cgroup_id = 8;
         let mut pod = WorkerCounters::default();
         pod.absorb(&child);
-        pod.absorb(&child);
+        pod.absorb(&other_child);
+        assert_eq!(pod.endpoints.len(), 1, "one entry per remote endpoint");
+        assert_eq!(pod.endpoints[0].stats.sent_bytes, 10);
         assert_eq!(pod.cpu_per_cpu.len(), 2);
         assert_eq!(pod.cpu_per_cpu[1].on_cpu_ns, 20);
         assert_eq!(pod.cpu_per_cpu[0].user_tick_ns, 8);

@@ -51,7 +51,13 @@ struct Known {
 }
 
 impl Known {
-    fn learn(&mut self, info: ContainerInfo) {
+    fn learn(&mut self, mut info: ContainerInfo) {
+        // A container listed before its sandbox in one round keeps the pod it had.
+        if info.pod.is_none()
+            && let Some(known) = self.containers.get(&info.id)
+        {
+            info.pod = known.pod.clone();
+        }
         if self
             .containers
             .insert(info.id.clone(), info.clone())
@@ -123,7 +129,9 @@ fn follow(
     tokio_runtime.block_on(async {
         let mut client = match Client::connect(socket, stream).await {
             Ok(client) => client,
-            Err(reason) => {
+            // Docker's own containerd runs with its CRI plugin off: no CRI runtime here.
+            Err(Refusal::Unimplemented) => return,
+            Err(Refusal::Other(reason)) => {
                 crate::say!(
                     "workerprobe: {runtime} containers are named by id only: {} does not answer the CRI API ({reason})",
                     socket.display()
@@ -139,6 +147,10 @@ fn follow(
                         for info in containers {
                             known.learn(info);
                         }
+                        // Pods listed now are put back at once: only gone ones are forgotten.
+                        if known.pods.len() + pods.len() > MAX_KNOWN {
+                            known.pods.clear();
+                        }
                         known.pods.extend(pods);
                     }
                 }
@@ -151,10 +163,21 @@ fn follow(
                 Err(_) => {}
             }
             tokio::time::sleep(MISS_REFRESH).await;
-            // Wait out the rest of the second unless a miss asks sooner.
-            let _ = tokio::time::timeout(REFRESH - MISS_REFRESH, woken.recv()).await;
+            // Wait out the rest of the second unless a miss asks sooner; end with the agent's
+            // side.
+            if let Ok(None) = tokio::time::timeout(REFRESH - MISS_REFRESH, woken.recv()).await {
+                return;
+            }
         }
     });
+}
+
+/// Why a socket gave no CRI client.
+enum Refusal {
+    /// It does not serve the CRI API (Docker's containerd has the plugin off).
+    Unimplemented,
+    /// Anything else, as the end of a sentence.
+    Other(String),
 }
 
 /// A CRI client on one connection.
@@ -167,8 +190,10 @@ impl Client {
     async fn connect(
         socket: &Path,
         stream: std::os::unix::net::UnixStream,
-    ) -> Result<Self, String> {
-        stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+    ) -> Result<Self, Refusal> {
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| Refusal::Other(e.to_string()))?;
         let first = Arc::new(Mutex::new(Some(stream)));
         let path: PathBuf = socket.to_path_buf();
         // The URI is required by the type and unused: the connector opens the socket.
@@ -187,7 +212,7 @@ impl Client {
                 }
             }))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Refusal::Other(e.to_string()))?;
         let mut client = Self {
             grpc: tonic::client::Grpc::new(channel),
         };
@@ -198,12 +223,16 @@ impl Client {
                     version: "v1".into(),
                 },
             )
-            .await?;
+            .await
+            .map_err(|status| match status.code() {
+                tonic::Code::Unimplemented => Refusal::Unimplemented,
+                _ => Refusal::Other(status.message().to_owned()),
+            })?;
         if version.runtime_api_version != "v1" {
-            return Err(format!(
+            return Err(Refusal::Other(format!(
                 "it speaks CRI {}, not v1",
                 version.runtime_api_version
-            ));
+            )));
         }
         Ok(client)
     }
@@ -213,12 +242,15 @@ impl Client {
         &mut self,
         path: &'static str,
         request: Request,
-    ) -> Result<Response, String>
+    ) -> Result<Response, tonic::Status>
     where
         Request: prost::Message + Send + Sync + 'static,
         Response: prost::Message + Default + Send + Sync + 'static,
     {
-        self.grpc.ready().await.map_err(|e| e.to_string())?;
+        self.grpc
+            .ready()
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
         let codec = tonic_prost::ProstCodec::<Request, Response>::default();
         self.grpc
             .unary(
@@ -228,7 +260,6 @@ impl Client {
             )
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| status.message().to_owned())
     }
 
     /// Every container and pod sandbox (as containers named `POD`), and every pod by uid.
@@ -241,13 +272,15 @@ impl Client {
                 "/runtime.v1.RuntimeService/ListPodSandbox",
                 proto::ListPodSandboxRequest::default(),
             )
-            .await?;
+            .await
+            .map_err(|status| status.message().to_owned())?;
         let containers: proto::ListContainersResponse = self
             .call(
                 "/runtime.v1.RuntimeService/ListContainers",
                 proto::ListContainersRequest::default(),
             )
-            .await?;
+            .await
+            .map_err(|status| status.message().to_owned())?;
         Ok(describe_all(runtime, sandboxes, containers))
     }
 }
