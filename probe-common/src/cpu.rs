@@ -69,6 +69,34 @@ pub struct CpuStats {
     pub system_tick_ns: u64,
 }
 
+impl CpuStats {
+    /// Adds `other`'s counters to these (user space sums a subtree's workers).
+    pub fn add(&mut self, other: &CpuStats) {
+        self.on_cpu_ns += other.on_cpu_ns;
+        self.voluntary_switches += other.voluntary_switches;
+        self.involuntary_switches += other.involuntary_switches;
+        self.runqueue_wait_ns += other.runqueue_wait_ns;
+        self.blocked_io_ns += other.blocked_io_ns;
+        self.sleep_ns += other.sleep_ns;
+        self.wakeups += other.wakeups;
+        for (sum, add) in self
+            .runqueue_wait_hist
+            .iter_mut()
+            .zip(other.runqueue_wait_hist)
+        {
+            *sum += add;
+        }
+        for (sum, add) in self.wait_ns.iter_mut().zip(other.wait_ns) {
+            *sum += add;
+        }
+        for (sum, add) in self.waits.iter_mut().zip(other.waits) {
+            *sum += add;
+        }
+        self.user_tick_ns += other.user_tick_ns;
+        self.system_tick_ns += other.system_tick_ns;
+    }
+}
+
 /// Buckets of the run-queue wait histogram: a power of two, so the programs can bound an
 /// index with a mask the verifier understands. The last starts at 2^30 µs (18 minutes).
 pub const RUNQ_BUCKETS: usize = 32;

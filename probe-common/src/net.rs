@@ -57,6 +57,16 @@ pub struct FamilyCounters {
     pub received_calls: u64,
 }
 
+impl FamilyCounters {
+    /// Adds `other`'s counts to these (user space sums CPUs and workers).
+    pub fn add(&mut self, other: &FamilyCounters) {
+        self.sent_bytes += other.sent_bytes;
+        self.sent_calls += other.sent_calls;
+        self.received_bytes += other.received_bytes;
+        self.received_calls += other.received_calls;
+    }
+}
+
 /// One cgroup's socket traffic on one CPU, per family.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -154,10 +154,7 @@ impl Source for KernelCollector {
             let net = &mut sample.workers.entry(cgroup_id).or_default().net;
             for on_cpu in per_cpu.iter() {
                 for (sum, add) in net.families.iter_mut().zip(&on_cpu.families) {
-                    sum.sent_bytes += add.sent_bytes;
-                    sum.sent_calls += add.sent_calls;
-                    sum.received_bytes += add.received_bytes;
-                    sum.received_calls += add.received_calls;
+                    sum.add(add);
                 }
             }
             let worker_calls = net
@@ -261,10 +258,7 @@ impl KernelCollector {
         if let Some(per_cpu) = net {
             for on_cpu in per_cpu.iter() {
                 for (sum, add) in worker.net.families.iter_mut().zip(&on_cpu.families) {
-                    sum.sent_bytes += add.sent_bytes;
-                    sum.sent_calls += add.sent_calls;
-                    sum.received_bytes += add.received_bytes;
-                    sum.received_calls += add.received_calls;
+                    sum.add(add);
                 }
             }
         }

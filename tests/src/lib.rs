@@ -72,6 +72,25 @@ impl TestCgroup {
         Self { dir, id }
     }
 
+    /// A cgroup `name` below this one, removed (once empty) on drop: drop it first.
+    pub fn child(&self, name: &str) -> Self {
+        let dir = self.dir.join(name);
+        std::fs::create_dir(&dir).unwrap_or_else(|err| panic!("mkdir {}: {err}", dir.display()));
+        let id = cgroup::cgroup_id(&dir).expect("cgroup id");
+        Self { dir, id }
+    }
+
+    /// Runs `wp-workload spin MS 1` in this cgroup to its end.
+    pub fn spin(&self, ms: &str) {
+        let spinner = self.spawn_workload(&["spin", ms, "1"]);
+        assert!(spinner.wait_with_output().expect("wait").status.success());
+    }
+
+    /// CPU seconds the kernel charged this cgroup (`cpu.stat` usage).
+    pub fn cpu_seconds(&self) -> f64 {
+        self.cpu_stat().usage_usec as f64 / 1e6
+    }
+
     /// The directory's name (`workerprobe-test-<pid>-<name>`), as `--workers` matches it.
     pub fn name(&self) -> String {
         self.dir

@@ -531,39 +531,6 @@ fn a_worker_shorter_than_a_sample_has_its_memory_peak() {
     );
 }
 
-/// A child cgroup made under a test cgroup, removed (once empty) on drop.
-struct ChildCgroup {
-    dir: std::path::PathBuf,
-    id: u64,
-}
-
-impl ChildCgroup {
-    fn new(parent: &TestCgroup, name: &str) -> Self {
-        let dir = parent.dir.join(name);
-        std::fs::create_dir(&dir).unwrap_or_else(|err| panic!("mkdir {}: {err}", dir.display()));
-        let id = cgroup::cgroup_id(&dir).expect("cgroup id");
-        Self { dir, id }
-    }
-
-    fn spin(&self, ms: &str) {
-        let mut command = Command::new(workload_path());
-        command.args(["spin", ms, "1"]).stdout(Stdio::piped());
-        let child = cgroup::spawn_in_cgroup(&mut command, &self.dir).expect("spawn in child");
-        assert!(child.wait_with_output().expect("wait").status.success());
-    }
-}
-
-impl Drop for ChildCgroup {
-    fn drop(&mut self) {
-        for _ in 0..100 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 /// The worker with this cgroup id in a snapshot document, if there.
 fn snapshot_worker(document: &serde_json::Value, id: u64) -> Option<&serde_json::Value> {
     document["workers"]
@@ -577,20 +544,17 @@ fn snapshot_worker(document: &serde_json::Value, id: u64) -> Option<&serde_json:
 fn a_parent_with_no_threads_of_its_own_is_a_worker_at_its_depth_summing_its_children() {
     require_root();
     let parent = TestCgroup::new("tree");
-    let (left, right) = (
-        ChildCgroup::new(&parent, "left"),
-        ChildCgroup::new(&parent, "right"),
-    );
+    let (left, right) = (parent.child("left"), parent.child("right"));
     // The test cgroups sit one level below the cgroup2 root.
     let folded = start_agent(
         &["snapshot", "--json", "--duration", "6s", "--depth", "1"],
         "attached",
     );
     let plain = start_agent(&["snapshot", "--json", "--duration", "6s"], "attached");
-    let before_usec = parent.cpu_stat().usage_usec;
+    let before_s = parent.cpu_seconds();
     left.spin("300");
     right.spin("500");
-    let kernel_s = (parent.cpu_stat().usage_usec - before_usec) as f64 / 1e6;
+    let kernel_s = parent.cpu_seconds() - before_s;
     let document = |agent: Child| -> serde_json::Value {
         let output = agent.wait_with_output().expect("wait for agent");
         assert!(output.status.success(), "agent failed: {:?}", output.status);
@@ -640,15 +604,7 @@ fn a_parent_with_no_threads_of_its_own_is_a_worker_at_its_depth_summing_its_chil
             own["cpu"]["seconds"].as_f64().expect("cpu seconds")
         })
         .sum();
-    let child_kernel_s: f64 = [&left, &right]
-        .iter()
-        .map(|child| {
-            cgroup::read_cpu_stat(&child.dir)
-                .expect("cpu.stat")
-                .usage_usec as f64
-                / 1e6
-        })
-        .sum();
+    let child_kernel_s: f64 = [&left, &right].iter().map(|c| c.cpu_seconds()).sum();
     assert!(
         (children_s - child_kernel_s).abs() <= 0.01 + child_kernel_s * 0.01,
         "children {children_s} s vs their cpu.stat {child_kernel_s} s"
@@ -663,24 +619,13 @@ fn a_parents_exit_summary_at_its_depth_sums_its_children_and_they_have_none() {
     let plain = start_watch(&[]);
     let parent = TestCgroup::new("tree-exit");
     let (parent_id, parent_dir) = (parent.id, parent.dir.clone());
-    let (left, right) = (
-        ChildCgroup::new(&parent, "left"),
-        ChildCgroup::new(&parent, "right"),
-    );
+    let (left, right) = (parent.child("left"), parent.child("right"));
     left.spin("200");
     right.spin("400");
     let child_ids = [left.id, right.id];
-    let child_kernel_s: Vec<f64> = [&left, &right]
-        .iter()
-        .map(|child| {
-            cgroup::read_cpu_stat(&child.dir)
-                .expect("cpu.stat")
-                .usage_usec as f64
-                / 1e6
-        })
-        .collect();
+    let child_kernel_s: Vec<f64> = [&left, &right].iter().map(|c| c.cpu_seconds()).collect();
     drop((left, right));
-    let kernel_s = parent.cpu_stat().usage_usec as f64 / 1e6;
+    let kernel_s = parent.cpu_seconds();
     drop(parent);
     assert!(!parent_dir.exists(), "the parent was removed");
     let (folded, plain) = (stop_watch(folded), stop_watch(plain));

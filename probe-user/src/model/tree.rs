@@ -165,10 +165,7 @@ impl WorkerStats {
             *sum += add;
         }
         for (sum, add) in self.net.iter_mut().zip(&other.net) {
-            sum.sent_bytes += add.sent_bytes;
-            sum.received_bytes += add.received_bytes;
-            sum.sent_calls += add.sent_calls;
-            sum.received_calls += add.received_calls;
+            sum.add(add);
         }
         let add_measured = |a: Option<u64>, b: Option<u64>| match (a, b) {
             (Some(a), Some(b)) => Some(a + b),
@@ -195,34 +192,10 @@ impl WorkerCounters {
                 .resize(other.cpu_per_cpu.len(), Default::default());
         }
         for (sum, add) in self.cpu_per_cpu.iter_mut().zip(&other.cpu_per_cpu) {
-            sum.on_cpu_ns += add.on_cpu_ns;
-            sum.voluntary_switches += add.voluntary_switches;
-            sum.involuntary_switches += add.involuntary_switches;
-            sum.runqueue_wait_ns += add.runqueue_wait_ns;
-            sum.blocked_io_ns += add.blocked_io_ns;
-            sum.sleep_ns += add.sleep_ns;
-            sum.wakeups += add.wakeups;
-            for (sum, add) in sum
-                .runqueue_wait_hist
-                .iter_mut()
-                .zip(add.runqueue_wait_hist)
-            {
-                *sum += add;
-            }
-            for (sum, add) in sum.wait_ns.iter_mut().zip(add.wait_ns) {
-                *sum += add;
-            }
-            for (sum, add) in sum.waits.iter_mut().zip(add.waits) {
-                *sum += add;
-            }
-            sum.user_tick_ns += add.user_tick_ns;
-            sum.system_tick_ns += add.system_tick_ns;
+            sum.add(add);
         }
         for (sum, add) in self.net.families.iter_mut().zip(&other.net.families) {
-            sum.sent_bytes += add.sent_bytes;
-            sum.received_bytes += add.received_bytes;
-            sum.sent_calls += add.sent_calls;
-            sum.received_calls += add.received_calls;
+            sum.add(add);
         }
         // One entry per remote endpoint, whichever descendant talked to it: a holder that
         // lives long keeps a bounded list.
@@ -232,15 +205,7 @@ impl WorkerCounters {
                     == (add.key.addr, add.key.port, add.key.family)
             };
             match self.endpoints.iter_mut().find(same_peer) {
-                Some(mine) => {
-                    let (sum, add) = (&mut mine.stats, &add.stats);
-                    sum.sent_bytes += add.sent_bytes;
-                    sum.received_bytes += add.received_bytes;
-                    sum.sent_calls += add.sent_calls;
-                    sum.received_calls += add.received_calls;
-                    sum.wait_ns += add.wait_ns;
-                    sum.waits += add.waits;
-                }
+                Some(mine) => super::endpoints::add_stats(&mut mine.stats, &add.stats),
                 None => self.endpoints.push(add.clone()),
             }
         }

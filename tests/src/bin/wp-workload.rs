@@ -237,21 +237,6 @@ fn splice_to_end(socket: i32) -> (u64, u64) {
         .write(true)
         .open("/dev/null")
         .expect("open /dev/null");
-    let splice = |from: i32, to: i32, len: usize| {
-        // SAFETY: open descriptors; no offsets (neither end is seekable).
-        let moved = unsafe {
-            libc::splice(
-                from,
-                std::ptr::null_mut(),
-                to,
-                std::ptr::null_mut(),
-                len,
-                libc::SPLICE_F_MOVE,
-            )
-        };
-        assert!(moved >= 0, "splice: {}", std::io::Error::last_os_error());
-        moved as u64
-    };
     let (mut bytes, mut calls) = (0u64, 0u64);
     loop {
         let moved = splice(socket, pipe[1], 1 << 20);
@@ -271,6 +256,23 @@ fn splice_to_end(socket: i32) -> (u64, u64) {
         libc::close(pipe[1]);
     }
     (bytes, calls)
+}
+
+/// One splice(2) between two unseekable descriptors: the bytes it moved.
+fn splice(from: i32, to: i32, len: usize) -> u64 {
+    // SAFETY: open descriptors; no offsets (neither end is seekable).
+    let moved = unsafe {
+        libc::splice(
+            from,
+            std::ptr::null_mut(),
+            to,
+            std::ptr::null_mut(),
+            len,
+            libc::SPLICE_F_MOVE,
+        )
+    };
+    assert!(moved >= 0, "splice: {}", std::io::Error::last_os_error());
+    moved as u64
 }
 
 /// Reads a connection to its end; how many bytes.
@@ -864,19 +866,7 @@ fn send(proto: &str, addr: &str, total: u64, sizes: &str) {
                 assert_eq!(written, buf.len() as isize, "write to the pipe");
                 let mut left = buf.len();
                 while left > 0 {
-                    // SAFETY: open descriptors, no offsets.
-                    let moved = unsafe {
-                        libc::splice(
-                            pipe[0],
-                            std::ptr::null_mut(),
-                            stream.as_raw_fd(),
-                            std::ptr::null_mut(),
-                            left,
-                            0,
-                        )
-                    };
-                    assert!(moved > 0, "splice: {}", std::io::Error::last_os_error());
-                    left -= moved as usize;
+                    left -= splice(pipe[0], stream.as_raw_fd(), left) as usize;
                 }
                 Ok(buf.len())
             });
