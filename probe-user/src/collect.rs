@@ -2,10 +2,12 @@
 
 use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+
+use crate::collect_events::RingReader;
 use probe_common::{
     cpu::{CPU_STATS_MAP, CpuStats, LAST_SWITCH_MAP, LastSwitch},
     drops::{DROP_NAMES, DROPS_MAP},
-    lifecycle::{CGROUP_MADE, CGROUP_REMOVED, CgroupEvent, EVENTS_MAP},
+    lifecycle::EVENTS_MAP,
     memory::PROCESS_PEAKS_MAP,
     net::{
         ENDPOINT_COUNTS_MAP, ENDPOINTS_MAP, EndpointKey, EndpointStats, NET_STATS_MAP, NetStats,
@@ -31,6 +33,9 @@ pub trait Source {
 
 /// Lifecycle events kept for a caller that has not asked for them.
 const MAX_PENDING_EVENTS: usize = 65_536;
+/// Lifecycle events given at one `drain_events` call (watch and serve call every 50 ms;
+/// record, once a tick, calls until none wait).
+const EVENTS_PER_PULL: usize = 1_024;
 /// Memory cgroup peaks of removed cgroups kept for a caller that never finishes them (top).
 const MAX_REMOVED_PEAKS: usize = 16_384;
 
@@ -58,7 +63,8 @@ pub struct KernelCollector {
     last_endpoints: Vec<EndpointDelta>,
     drops: PerCpuArray<MapData, u64>,
     last_switch: PerCpuArray<MapData, LastSwitch>,
-    events: RingBuf<MapData>,
+    /// The lifecycle ring, emptied by its own thread.
+    events: RingReader,
     /// Largest resident set of each worker's exited processes, per CPU (pages).
     process_peaks: PerCpuHashMap<MapData, u64, u64>,
     /// Removed cgroups' memory cgroup peaks (bytes), as their removal events told, until
@@ -101,8 +107,9 @@ impl KernelCollector {
             .with_context(|| format!("map {ENDPOINT_COUNTS_MAP}"))?;
         let last_switch = PerCpuArray::try_from(take(LAST_SWITCH_MAP)?)
             .with_context(|| format!("map {LAST_SWITCH_MAP}"))?;
-        let events =
-            RingBuf::try_from(take(EVENTS_MAP)?).with_context(|| format!("map {EVENTS_MAP}"))?;
+        let events = RingReader::start(
+            RingBuf::try_from(take(EVENTS_MAP)?).with_context(|| format!("map {EVENTS_MAP}"))?,
+        )?;
         let process_peaks = PerCpuHashMap::try_from(take(PROCESS_PEAKS_MAP)?)
             .with_context(|| format!("map {PROCESS_PEAKS_MAP}"))?;
         let measured = probe.measured();
@@ -144,7 +151,7 @@ impl Source for KernelCollector {
             measured: self.measured,
             ..Sample::default()
         };
-        self.pull_events();
+        self.pull_events(usize::MAX);
         let (cpu_per_worker, running) = self.read_cpu_consistently()?;
         for (cgroup_id, per_cpu) in cpu_per_worker {
             sample.workers.entry(cgroup_id).or_default().cpu_per_cpu = per_cpu;
@@ -196,35 +203,43 @@ impl Source for KernelCollector {
 }
 
 impl KernelCollector {
-    /// Cgroups made and removed since the last call, oldest first.
+    /// Cgroups made and removed since the last call, oldest first, at most [`EVENTS_PER_PULL`]
+    /// (the rest wait for the next call): a backlog waits compact in the reader's queue, so
+    /// catching up does not swell the agent.
     pub fn drain_events(&mut self) -> Vec<LifecycleEvent> {
-        self.pull_events();
-        self.pending_events.drain(..).collect()
+        self.pull_events(EVENTS_PER_PULL);
+        let taken = self.pending_events.len().min(EVENTS_PER_PULL);
+        self.pending_events.drain(..taken).collect()
     }
 
-    /// Reads the lifecycle ring buffer (so it never fills while nobody asks), and learns new
-    /// cgroups' paths from it.
-    fn pull_events(&mut self) {
-        while let Some(item) = self.events.next() {
-            if item.len() < std::mem::size_of::<CgroupEvent>() {
-                continue;
-            }
-            // SAFETY: the program writes whole CgroupEvents; read_unaligned copes with the
-            // ring buffer's 8-byte alignment.
-            let event: CgroupEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            let path = String::from_utf8_lossy(event.path_bytes()).into_owned();
-            let (kind, memory_peak_pages) = (event.kind, event.memory_peak_pages);
+    /// True when events wait that `drain_events` has not yet given.
+    pub fn events_waiting(&self) -> bool {
+        !self.pending_events.is_empty() || self.events.waiting()
+    }
+
+    /// Takes the events the ring's reader has queued, and learns new cgroups' paths from them.
+    /// At most `limit` at a time.
+    fn pull_events(&mut self, limit: usize) {
+        for _ in 0..limit {
+            let Some(event) = self.events.try_next() else {
+                break;
+            };
+            let memory_peak_pages = event.memory_peak_pages;
             let event = LifecycleEvent {
                 cgroup_id: event.cgroup_id,
                 at_monotonic_ns: event.at_ns,
-                made: event.kind == CGROUP_MADE,
-                identity: self.names.identity(event.cgroup_id, &path),
-                path: if path.is_empty() { "/".into() } else { path },
+                made: event.made,
+                identity: self.names.identity(event.cgroup_id, &event.path),
+                path: if event.path.is_empty() {
+                    "/".into()
+                } else {
+                    event.path
+                },
             };
             if event.made {
                 self.cgroups.insert(event.cgroup_id, event.path.clone());
             }
-            if kind == CGROUP_REMOVED && memory_peak_pages > 0 {
+            if !event.made && memory_peak_pages > 0 {
                 // Ids grow: when full, the oldest removal goes.
                 if self.removed_memory_peaks.len() >= MAX_REMOVED_PEAKS {
                     self.removed_memory_peaks.pop_first();

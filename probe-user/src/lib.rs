@@ -20,6 +20,7 @@ pub mod cli;
 pub mod clock;
 pub mod collect;
 mod collect_batch;
+mod collect_events;
 pub mod error;
 pub mod loader;
 pub mod memory;

@@ -392,11 +392,25 @@ fn ten_thousand_short_workers_each_get_one_summary_in_bounded_memory() {
         "attached",
     );
     let pid = agent.id();
-    let stdout = drain(agent.stdout.take().expect("stdout"));
+    // Nobody reads the agent's output until half the workers are done: its writes block, as
+    // under a slow consumer, for longer than the kernel's event ring lasts at this rate, and
+    // still no worker may go missing.
+    let done = std::sync::Arc::new(AtomicUsize::new(0));
+    let stdout = {
+        let done = std::sync::Arc::clone(&done);
+        let mut from = agent.stdout.take().expect("stdout");
+        std::thread::spawn(move || {
+            while done.load(Ordering::Relaxed) < WORKERS / 2 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut from, &mut text);
+            text
+        })
+    };
     let stderr = drain(stderr);
     let started = Instant::now();
     let next = AtomicUsize::new(0);
-    let done = AtomicUsize::new(0);
     let early_rss = std::sync::Mutex::new(None::<(u64, Duration)>);
     std::thread::scope(|scope| {
         for _ in 0..THREADS {

@@ -71,7 +71,11 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
         // Interrupted or not, the tick under way is finished: its lines are written whole.
         tick += 1;
         let current = watcher.sample()?;
-        let exits = watcher.poll();
+        let mut exits = watcher.poll();
+        // A tick takes every event the agent has heard of, however many workers came and went.
+        while watcher.collector().events_waiting() {
+            exits.extend(watcher.poll());
+        }
         let mut lines = encode_tick(tick, &previous, &current, &watcher, &selection, &namer)?;
         encode_exits(&mut lines, &exits)?;
         note_clock(&mut lines, &mut clock_noted)?;
@@ -79,9 +83,15 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
         previous = current;
         if stop {
             tokio::time::sleep(FINAL_SETTLE).await;
-            let mut lines = Vec::new();
-            encode_exits(&mut lines, &watcher.poll())?;
-            writer.write_tick(&lines)?;
+            loop {
+                let mut lines = Vec::new();
+                encode_exits(&mut lines, &watcher.poll())?;
+                writer.write_tick(&lines)?;
+                if !watcher.settling() {
+                    break;
+                }
+                tokio::time::sleep(FINAL_SETTLE / 4).await;
+            }
             writer.finish()?;
             return Ok(());
         }

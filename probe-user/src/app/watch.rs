@@ -244,6 +244,12 @@ impl Watcher {
         }
     }
 
+    /// True while removed workers wait out their settling time before their summaries, or
+    /// events wait to be taken.
+    pub fn settling(&self) -> bool {
+        !self.removed.is_empty() || self.collector.events_waiting()
+    }
+
     /// Samples live workers: registers the ones made before the agent started, and keeps
     /// their latest memory and cpu.stat for their summaries. Returns the sample.
     pub fn sample(&mut self) -> anyhow::Result<Sample> {
@@ -384,8 +390,14 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
         if stop {
             // Let removals already told settle, so none is lost at the end.
             tokio::time::sleep(SETTLE).await;
-            for summary in watcher.poll() {
-                let _ = writeln!(stdout, "{}", render(&summary, args.json)?);
+            loop {
+                for summary in watcher.poll() {
+                    let _ = writeln!(stdout, "{}", render(&summary, args.json)?);
+                }
+                if !watcher.settling() {
+                    break;
+                }
+                tokio::time::sleep(EVENT_POLL).await;
             }
             let _ = stdout.flush();
             return Ok(());

@@ -1,0 +1,143 @@
+//! The lifecycle ring's reader: a thread that empties the kernel's ring of cgroup events as
+//! soon as the kernel wakes it, into memory the agent owns. Whatever else keeps the agent busy
+//! (a long sample, a reader of its output that is slow to take lines) then never lets the
+//! ring fill and exit summaries go missing; the ring only has to hold what arrives within one
+//! wake-up.
+
+use std::{
+    os::fd::AsRawFd as _,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        mpsc::{Receiver, Sender, TryRecvError},
+    },
+    time::Duration,
+};
+
+use aya::maps::{MapData, RingBuf};
+use probe_common::lifecycle::{CGROUP_MADE, CgroupEvent};
+
+/// Events read but not yet taken. A consumer that falls this far behind pauses the reader, and
+/// the ring then fills and counts its drops, which the agent reports. The queue grows only
+/// as far as it is used (a preallocated one would cost its whole size in resident memory).
+const QUEUE_EVENTS: usize = 262_144;
+/// How long the reader waits for a wake-up before it looks whether the agent still wants it.
+const WAKE_EVERY: Duration = Duration::from_millis(100);
+
+/// One cgroup event as the ring told it, path decoded.
+#[derive(Clone, Debug)]
+pub struct RingEvent {
+    /// cgroup v2 id.
+    pub cgroup_id: u64,
+    /// CLOCK_MONOTONIC ns when it happened.
+    pub at_ns: u64,
+    /// At a removal, its memory cgroup's high-water mark in pages (0: none).
+    pub memory_peak_pages: u64,
+    /// True for a cgroup made, false for one removed.
+    pub made: bool,
+    /// Path relative to the cgroup2 mount ("" for the root).
+    pub path: String,
+}
+
+/// The reading thread's handle: events come out of [`RingReader::try_next`]; dropping it ends
+/// the thread within [`WAKE_EVERY`].
+pub struct RingReader {
+    events: Receiver<RingEvent>,
+    shared: Arc<Shared>,
+}
+
+/// What the reader and its thread share.
+#[derive(Default)]
+struct Shared {
+    /// Set when the agent is done with events.
+    stop: AtomicBool,
+    /// Events queued and not yet taken.
+    queued: AtomicUsize,
+}
+
+impl RingReader {
+    /// Starts a thread that owns `ring` and reads it until the reader is dropped.
+    pub fn start(ring: RingBuf<MapData>) -> anyhow::Result<Self> {
+        let (sender, events) = std::sync::mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let thread_shared = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("cgroup-events".into())
+            .spawn(move || read_ring(ring, &sender, &thread_shared))
+            .map_err(|err| anyhow::anyhow!("could not start the event reader thread: {err}"))?;
+        Ok(Self { events, shared })
+    }
+
+    /// True when events wait to be taken.
+    pub fn waiting(&self) -> bool {
+        self.shared.queued.load(Ordering::Relaxed) > 0
+    }
+
+    /// The oldest event not yet taken, if any.
+    pub fn try_next(&self) -> Option<RingEvent> {
+        match self.events.try_recv() {
+            Ok(event) => {
+                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+                Some(event)
+            }
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
+        }
+    }
+}
+
+impl Drop for RingReader {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The thread: waits on the ring's descriptor, then moves every event into the queue.
+fn read_ring(mut ring: RingBuf<MapData>, sender: &Sender<RingEvent>, shared: &Shared) {
+    let fd = ring.as_raw_fd();
+    let timeout_ms = WAKE_EVERY.as_millis() as libc::c_int;
+    while !shared.stop.load(Ordering::Relaxed) {
+        if shared.queued.load(Ordering::Relaxed) >= QUEUE_EVENTS {
+            std::thread::sleep(WAKE_EVERY);
+            continue;
+        }
+        let mut wait = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the ring (and so its descriptor) lives as long as this
+        // function. An interrupted or failed wait just reads the ring anyway.
+        unsafe { libc::poll(&mut wait, 1, timeout_ms) };
+        while let Some(item) = ring.next() {
+            let Some(event) = decode(&item) else {
+                continue;
+            };
+            drop(item); // frees its room in the ring
+            // Counted before it is sent, so the count never goes below what is queued.
+            let queued = shared.queued.fetch_add(1, Ordering::Relaxed) + 1;
+            if sender.send(event).is_err() {
+                return; // the agent is done with events
+            }
+            if queued >= QUEUE_EVENTS {
+                break;
+            }
+        }
+    }
+}
+
+/// Decodes one ring record; `None` for a record too short to be an event.
+fn decode(item: &[u8]) -> Option<RingEvent> {
+    if item.len() < std::mem::size_of::<CgroupEvent>() {
+        return None;
+    }
+    // SAFETY: the program writes whole CgroupEvents (checked above); read_unaligned copes with
+    // the ring buffer's 8-byte alignment.
+    let event: CgroupEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+    Some(RingEvent {
+        cgroup_id: event.cgroup_id,
+        at_ns: event.at_ns,
+        memory_peak_pages: event.memory_peak_pages,
+        made: event.kind == CGROUP_MADE,
+        path: String::from_utf8_lossy(event.path_bytes()).into_owned(),
+    })
+}
