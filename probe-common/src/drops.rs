@@ -19,10 +19,13 @@ pub const DROP_ENDPOINTS: u32 = 4;
 pub const DROP_ENDPOINT_OVERFLOW: u32 = 5;
 /// A `PROCESS_PEAKS` insert failed (map full): that process's peak memory is lost.
 pub const DROP_PROCESS_PEAKS: u32 = 6;
+/// The process ring buffer was full: a process made, a program started or a thread's totals
+/// went untold.
+pub const DROP_PROCESS_EVENTS: u32 = 7;
 /// Number of drop slots (room for the programs to come).
 pub const DROP_SLOTS: u32 = 8;
 /// Names of the used slots, in order, as reported to users.
-pub const DROP_NAMES: [&str; 7] = [
+pub const DROP_NAMES: [&str; 8] = [
     "cpu_stats",
     "net_stats",
     "task_state",
@@ -30,4 +33,5 @@ pub const DROP_NAMES: [&str; 7] = [
     "endpoints",
     "endpoint_overflow",
     "process_peaks",
+    "process_events",
 ];

@@ -9,6 +9,7 @@ pub mod cpu;
 pub mod drops;
 pub mod memory;
 pub mod net;
+pub mod process;
 pub mod task;
 pub mod wait;
 

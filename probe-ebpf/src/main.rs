@@ -10,6 +10,7 @@
 
 mod lifecycle;
 mod net;
+mod process;
 mod sched;
 mod task;
 

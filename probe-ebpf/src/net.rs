@@ -234,6 +234,16 @@ fn account(sock: *const u8, bytes: u64, sent: bool) {
     if ENDPOINTS_ON.load() != 0 {
         account_endpoint(sock, family, current, bytes, sent);
     }
+    if crate::process::on()
+        && let Some(state) = task::state(current)
+    {
+        // The thread's own bytes, for its process's summary.
+        if sent {
+            state.sent_bytes += bytes;
+        } else {
+            state.received_bytes += bytes;
+        }
+    }
     if let Some(stats) = NET_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: per-CPU value of this CPU; no other writer while we run.
         unsafe { add(&mut *stats, slot, bytes, sent) };

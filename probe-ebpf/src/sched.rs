@@ -399,6 +399,9 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     };
     let preempt: u64 = ctx.arg(0);
     let prev_state: u64 = ctx.arg(3);
+    if crate::process::on() && prev_state & crate::process::TASK_DEAD != 0 {
+        crate::process::thread_end(prev, state.sent_bytes, state.received_bytes);
+    }
     // As the kernel counts nvcsw: a switch is voluntary when the thread left the run queue.
     let voluntary = (preempt & 1) == 0 && (prev_state & 0xffff_ffff) != 0;
     if state.flags & task::SEEN == 0 {

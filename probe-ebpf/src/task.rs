@@ -232,6 +232,13 @@ pub fn id_of_cgroup(cgroup: Cgroup) -> u64 {
     }
 }
 
+/// The task's `signal_struct` (shared by its process's threads).
+#[inline(always)]
+pub fn signal(task: Task) -> *const u8 {
+    // SAFETY: BTF-checked load through the task pointer.
+    unsafe { field(task, TASK_SIGNAL_OFFSET.load()) }
+}
+
 /// The largest resident set the task's process has had, in pages (`signal->maxrss`, what
 /// wait4's `ru_maxrss` reports): final once its last thread is exiting.
 #[inline(always)]
@@ -318,6 +325,10 @@ pub struct TaskState {
     /// The cgroup it was in when last accounted: a different one at its next switch-out or
     /// wakeup means it was moved meanwhile.
     pub cgroup_id: u64,
+    /// Socket payload it sent (process workers only).
+    pub sent_bytes: u64,
+    /// Socket payload it received (process workers only).
+    pub received_bytes: u64,
 }
 
 /// [`TaskState::flags`]: the baselines are set.

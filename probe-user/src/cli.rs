@@ -264,6 +264,15 @@ pub struct WatchArgs {
     /// How often live workers' memory and cpu.stat are sampled, e.g. 1s.
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
+    /// Also summarise every process that ends in the selected workers' cgroups (pid, command
+    /// line, CPU as its rusage gives it, waits, bytes, peak RSS, exit status).
+    #[arg(long)]
+    pub processes: bool,
+    /// Name process trees by their command line, NAME:REGEX (named captures become ids) or
+    /// the preset `lithops`; each tree (the matching process and every process it makes) gets
+    /// one summary when its last process ends. Repeat for several. Implies --processes.
+    #[arg(long = "process", value_name = "NAME:REGEX|lithops", value_parser = crate::model::process::parse_rule)]
+    pub process_rules: Vec<crate::model::process::ProcessRule>,
     #[command(flatten)]
     pub workers: WorkerArgs,
     #[command(flatten)]
@@ -396,6 +405,7 @@ impl ProbeArgs {
             net_attach: self.net_attach.map(Into::into),
             endpoints_per_worker: self.max_endpoints_per_worker,
             max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
+            processes: false,
         }
     }
 

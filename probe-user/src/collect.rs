@@ -3,7 +3,7 @@
 use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 
-use crate::collect_events::RingReader;
+use crate::collect_events::{RingEvent, RingReader, decode_cgroup_event, decode_process_event};
 use probe_common::{
     cpu::{CPU_STATS_MAP, CpuStats, LAST_SWITCH_MAP, LastSwitch},
     drops::{DROP_NAMES, DROPS_MAP},
@@ -12,6 +12,7 @@ use probe_common::{
     net::{
         ENDPOINT_COUNTS_MAP, ENDPOINTS_MAP, EndpointKey, EndpointStats, NET_STATS_MAP, NetStats,
     },
+    process::PROCESS_EVENTS_MAP,
 };
 
 use crate::{
@@ -20,7 +21,7 @@ use crate::{
     loader::Probe,
     model::{
         Drops, ExitMemoryPeaks, LifecycleEvent, Measured, Sample, WorkerCounters,
-        endpoints::EndpointDelta,
+        endpoints::EndpointDelta, process::ProcessEvent,
     },
     runtimes::{Runtimes, WorkerNames},
 };
@@ -64,7 +65,11 @@ pub struct KernelCollector {
     drops: PerCpuArray<MapData, u64>,
     last_switch: PerCpuArray<MapData, LastSwitch>,
     /// The lifecycle ring, emptied by its own thread.
-    events: RingReader,
+    events: RingReader<RingEvent>,
+    /// The process ring, until `drain_process_events` first asks for it.
+    process_ring: Option<RingBuf<MapData>>,
+    /// The process ring, emptied by its own thread once asked for.
+    process_events: Option<RingReader<ProcessEvent>>,
     /// Largest resident set of each worker's exited processes, per CPU (pages).
     process_peaks: PerCpuHashMap<MapData, u64, u64>,
     /// Removed cgroups' memory cgroup peaks (bytes), as their removal events told, until
@@ -109,13 +114,21 @@ impl KernelCollector {
             .with_context(|| format!("map {LAST_SWITCH_MAP}"))?;
         let events = RingReader::start(
             RingBuf::try_from(take(EVENTS_MAP)?).with_context(|| format!("map {EVENTS_MAP}"))?,
+            "cgroup-events",
+            decode_cgroup_event,
         )?;
+        // Absent from a pinned set: process workers are not pinned.
+        let process_ring = take(PROCESS_EVENTS_MAP)
+            .ok()
+            .and_then(|map| RingBuf::try_from(map).ok());
         let process_peaks = PerCpuHashMap::try_from(take(PROCESS_PEAKS_MAP)?)
             .with_context(|| format!("map {PROCESS_PEAKS_MAP}"))?;
         let measured = probe.measured();
         Ok(Self {
             measured,
             events,
+            process_ring,
+            process_events: None,
             process_peaks,
             removed_memory_peaks: std::collections::BTreeMap::new(),
             page_bytes: page_bytes(),
@@ -210,6 +223,33 @@ impl KernelCollector {
         self.pull_events(EVENTS_PER_PULL);
         let taken = self.pending_events.len().min(EVENTS_PER_PULL);
         self.pending_events.drain(..taken).collect()
+    }
+
+    /// Process events since the last call, oldest first, at most [`EVENTS_PER_PULL`]; the
+    /// first call starts their reader. Empty unless the programs were loaded for processes.
+    pub fn drain_process_events(&mut self) -> anyhow::Result<Vec<ProcessEvent>> {
+        if self.process_events.is_none()
+            && let Some(ring) = self.process_ring.take()
+        {
+            self.process_events = Some(RingReader::start(
+                ring,
+                "process-events",
+                decode_process_event,
+            )?);
+        }
+        let Some(reader) = &self.process_events else {
+            return Ok(Vec::new());
+        };
+        Ok(std::iter::from_fn(|| reader.try_next())
+            .take(EVENTS_PER_PULL)
+            .collect())
+    }
+
+    /// True when process events wait to be taken.
+    pub fn process_events_waiting(&self) -> bool {
+        self.process_events
+            .as_ref()
+            .is_some_and(RingReader::waiting)
     }
 
     /// True when events wait that `drain_events` has not yet given.

@@ -1,5 +1,5 @@
-//! The lifecycle ring's reader: a thread that empties the kernel's ring of cgroup events as
-//! soon as the kernel wakes it, into memory the agent owns. Whatever else keeps the agent busy
+//! The event rings' readers: a thread per ring that empties the kernel's ring (cgroup events,
+//! process events) as soon as the kernel wakes it, into memory the agent owns. Whatever else keeps the agent busy
 //! (a long sample, a reader of its output that is slow to take lines) then never lets the
 //! ring fill and exit summaries go missing; the ring only has to hold what arrives within one
 //! wake-up.
@@ -15,7 +15,12 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use probe_common::lifecycle::{CGROUP_MADE, CgroupEvent};
+use probe_common::{
+    lifecycle::{CGROUP_MADE, CgroupEvent},
+    process::{PROCESS_EXECED, PROCESS_FORKED, ProcessExec, ProcessFork, THREAD_ENDED, ThreadEnd},
+};
+
+use crate::model::process::{ProcessEvent, ThreadTotals, command_from_args};
 
 /// Events read but not yet taken. A consumer that falls this far behind pauses the reader, and
 /// the ring then fills and counts its drops, which the agent reports. The queue grows only
@@ -41,8 +46,8 @@ pub struct RingEvent {
 
 /// The reading thread's handle: events come out of [`RingReader::try_next`]; dropping it ends
 /// the thread within [`WAKE_EVERY`].
-pub struct RingReader {
-    events: Receiver<RingEvent>,
+pub struct RingReader<T> {
+    events: Receiver<T>,
     shared: Arc<Shared>,
 }
 
@@ -55,15 +60,20 @@ struct Shared {
     queued: AtomicUsize,
 }
 
-impl RingReader {
-    /// Starts a thread that owns `ring` and reads it until the reader is dropped.
-    pub fn start(ring: RingBuf<MapData>) -> anyhow::Result<Self> {
+impl<T: Send + 'static> RingReader<T> {
+    /// Starts a thread that owns `ring` and reads it, each record through `decode`, until the
+    /// reader is dropped.
+    pub fn start(
+        ring: RingBuf<MapData>,
+        name: &str,
+        decode: fn(&[u8]) -> Option<T>,
+    ) -> anyhow::Result<Self> {
         let (sender, events) = std::sync::mpsc::channel();
         let shared = Arc::new(Shared::default());
         let thread_shared = Arc::clone(&shared);
         std::thread::Builder::new()
-            .name("cgroup-events".into())
-            .spawn(move || read_ring(ring, &sender, &thread_shared))
+            .name(name.into())
+            .spawn(move || read_ring(ring, &sender, &thread_shared, decode))
             .map_err(|err| anyhow::anyhow!("could not start the event reader thread: {err}"))?;
         Ok(Self { events, shared })
     }
@@ -74,7 +84,7 @@ impl RingReader {
     }
 
     /// The oldest event not yet taken, if any.
-    pub fn try_next(&self) -> Option<RingEvent> {
+    pub fn try_next(&self) -> Option<T> {
         match self.events.try_recv() {
             Ok(event) => {
                 self.shared.queued.fetch_sub(1, Ordering::Relaxed);
@@ -85,14 +95,19 @@ impl RingReader {
     }
 }
 
-impl Drop for RingReader {
+impl<T> Drop for RingReader<T> {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
     }
 }
 
 /// The thread: waits on the ring's descriptor, then moves every event into the queue.
-fn read_ring(mut ring: RingBuf<MapData>, sender: &Sender<RingEvent>, shared: &Shared) {
+fn read_ring<T>(
+    mut ring: RingBuf<MapData>,
+    sender: &Sender<T>,
+    shared: &Shared,
+    decode: fn(&[u8]) -> Option<T>,
+) {
     let fd = ring.as_raw_fd();
     let timeout_ms = WAKE_EVERY.as_millis() as libc::c_int;
     while !shared.stop.load(Ordering::Relaxed) {
@@ -125,14 +140,9 @@ fn read_ring(mut ring: RingBuf<MapData>, sender: &Sender<RingEvent>, shared: &Sh
     }
 }
 
-/// Decodes one ring record; `None` for a record too short to be an event.
-fn decode(item: &[u8]) -> Option<RingEvent> {
-    if item.len() < std::mem::size_of::<CgroupEvent>() {
-        return None;
-    }
-    // SAFETY: the program writes whole CgroupEvents (checked above); read_unaligned copes with
-    // the ring buffer's 8-byte alignment.
-    let event: CgroupEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+/// Decodes one lifecycle record; `None` for a record too short to be an event.
+pub fn decode_cgroup_event(item: &[u8]) -> Option<RingEvent> {
+    let event: CgroupEvent = record(item)?;
     Some(RingEvent {
         cgroup_id: event.cgroup_id,
         at_ns: event.at_ns,
@@ -140,4 +150,67 @@ fn decode(item: &[u8]) -> Option<RingEvent> {
         made: event.kind == CGROUP_MADE,
         path: String::from_utf8_lossy(event.path_bytes()).into_owned(),
     })
+}
+
+/// Copies a record's bytes into a `T` when it is long enough to be one.
+fn record<T: Copy>(item: &[u8]) -> Option<T> {
+    if item.len() < std::mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: the program wrote a whole T (checked above) of plain integers; read_unaligned
+    // copes with the ring buffer's 8-byte alignment.
+    Some(unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) })
+}
+
+/// Decodes one process record by its leading kind; `None` for anything else.
+pub fn decode_process_event(item: &[u8]) -> Option<ProcessEvent> {
+    let kind = u32::from_ne_bytes(item.get(..4)?.try_into().ok()?);
+    match kind {
+        PROCESS_FORKED => {
+            let fork: ProcessFork = record(item)?;
+            Some(ProcessEvent::Forked {
+                pid: fork.pid,
+                parent_pid: fork.parent_pid,
+            })
+        }
+        PROCESS_EXECED => {
+            let exec: ProcessExec = record(item)?;
+            let len = (exec.args_len as usize).min(exec.args.len());
+            Some(ProcessEvent::Execed {
+                pid: exec.pid,
+                command: command_from_args(&exec.args[..len]),
+            })
+        }
+        THREAD_ENDED => {
+            let end: ThreadEnd = record(item)?;
+            let comm_len = end.comm.iter().position(|&b| b == 0).unwrap_or(16);
+            Some(ProcessEvent::ThreadEnded(ThreadTotals {
+                tid: end.tid,
+                pid: end.pid,
+                exit_code: end.exit_code,
+                last_of_process: end.live_threads == 0,
+                cgroup_id: end.cgroup_id,
+                started_ns: end.started_ns,
+                exited_ns: end.exited_ns,
+                runtime_ns: end.runtime_ns,
+                utime_ns: end.utime_ns,
+                stime_ns: end.stime_ns,
+                run_delay_ns: end.run_delay_ns,
+                voluntary_switches: end.voluntary_switches,
+                involuntary_switches: end.involuntary_switches,
+                max_rss_bytes: end.max_rss_pages * page_bytes(),
+                sent_bytes: end.sent_bytes,
+                received_bytes: end.received_bytes,
+                comm: String::from_utf8_lossy(&end.comm[..comm_len]).into_owned(),
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// Bytes in a page.
+fn page_bytes() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 { size as u64 } else { 4096 }
 }

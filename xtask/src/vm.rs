@@ -132,6 +132,7 @@ pub const VM_TESTS: &[VmTest] = &[
     },
     plain("waits"),
     plain("workers"),
+    plain("processes"),
     plain("restart"),
     plain("privileges"),
     // The DaemonSet's container in a pod-like cgroup namespace: pure cgroup2 is what real

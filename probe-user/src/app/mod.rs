@@ -39,13 +39,25 @@ pub fn loaded_max_workers() -> u32 {
 
 /// Loads and attaches the programs and returns a collector over their maps.
 pub fn start_collector(probe_args: &ProbeArgs) -> anyhow::Result<KernelCollector> {
+    start_collector_with(probe_args, false)
+}
+
+/// [`start_collector`], with the process programs telling of every process when `processes`.
+pub fn start_collector_with(
+    probe_args: &ProbeArgs,
+    processes: bool,
+) -> anyhow::Result<KernelCollector> {
     let probe = probe_args;
     LOADED_MAX_WORKERS.store(probe.max_workers, std::sync::atomic::Ordering::Relaxed);
     // Find cgroup2 first: without it no number can be attributed to a worker.
     let mount = cgroup::find_cgroup2_mount()?;
     // Look the user up before loading anything: a typo should cost nothing.
     let account = probe_user_account(probe_args.user.as_deref())?;
-    let probe = loader::open(&probe.load_options(), probe_args.pin.as_deref())?;
+    let options = crate::loader::LoadOptions {
+        processes,
+        ..probe.load_options()
+    };
+    let probe = loader::open(&options, probe_args.pin.as_deref())?;
     tell_notes(&probe);
     let collector = KernelCollector::new(probe, CgroupIndex::new(mount))?
         .with_runtimes(crate::runtimes::Runtimes::probe());

@@ -79,6 +79,8 @@ fn message(slot: usize, max_workers: u32) -> String {
             "some threads' CPU slices and delays are not counted (per-thread kernel storage could not be made or was in use; --max-workers, now {max_workers}, does not size it)"
         ),
         3 => "exit summaries may be missing; read the agent's output faster".to_string(),
+        7 => "process summaries may be missing or incomplete; read the agent's output faster"
+            .to_string(),
         _ => format!("some numbers are not counted; raise --max-workers (now {max_workers})"),
     };
     format!("workerprobe: warning: {name} is full or busy: {advice}")

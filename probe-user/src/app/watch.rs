@@ -14,11 +14,16 @@ use crate::{
     collect::{KernelCollector, Source as _},
     memory::MemoryReader,
     model::{
-        Sample, WorkerCounters, endpoints::EndpointNamer, registry::WorkerRegistry,
-        selection::Selection, summary::ExitSummary, tree::Level,
+        Sample, WorkerCounters,
+        endpoints::EndpointNamer,
+        process::{ProcessEnd, ProcessTracker},
+        registry::WorkerRegistry,
+        selection::Selection,
+        summary::ExitSummary,
+        tree::Level,
     },
     node::NodeFacts,
-    sink::{json::SCHEMA_VERSION, summary::human_line},
+    sink::{json::SCHEMA_VERSION, process as process_sink, summary::human_line},
 };
 
 /// How long after a cgroup is removed its summary is taken: a thread that left the cgroup on
@@ -60,6 +65,8 @@ pub struct Watcher {
     /// Final counters of removed descendants, by the path of the cgroup at `level` holding
     /// them, until it ends too.
     subtrees: std::collections::HashMap<String, WorkerCounters>,
+    /// Process workers, when asked for (`--processes`, `--process`).
+    processes: Option<ProcessTracker>,
 }
 
 impl Watcher {
@@ -82,6 +89,7 @@ impl Watcher {
             level: None,
             selection,
             subtrees: std::collections::HashMap::new(),
+            processes: None,
         }
     }
 
@@ -131,6 +139,52 @@ impl Watcher {
             .into_iter()
             .map(|(summary, _)| summary)
             .collect()
+    }
+
+    /// Follows process workers with `tracker` (the programs must have been loaded for them).
+    pub fn with_processes(mut self, tracker: ProcessTracker) -> Self {
+        self.processes = Some(tracker);
+        self
+    }
+
+    /// Processes and named trees that ended, each with its cgroup's path when known.
+    pub fn poll_processes(&mut self) -> anyhow::Result<Vec<(ProcessEnd, Option<String>)>> {
+        let Some(tracker) = self.processes.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let now = Instant::now();
+        let command_of = |pid: u32| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .ok()
+                .map(|args| crate::model::process::command_from_args(&args))
+                .filter(|command| !command.is_empty())
+        };
+        for event in self.collector.drain_process_events()? {
+            tracker.apply(event, now, &command_of);
+        }
+        let ends = tracker.take_due(now);
+        let cgroups = self.collector.cgroups();
+        Ok(ends
+            .into_iter()
+            .map(|end| {
+                let path = match &end {
+                    ProcessEnd::Process(summary) => cgroups.resolve(summary.cgroup_id),
+                    ProcessEnd::Tree(_) => None,
+                };
+                (end, path)
+            })
+            .filter(|(end, path)| match end {
+                // A process in a named tree is reported wherever it ran; others by --workers.
+                ProcessEnd::Process(summary) => {
+                    summary.tree.is_some()
+                        || self.selection.is_all()
+                        || path
+                            .as_deref()
+                            .is_some_and(|path| self.selection.matches(path))
+                }
+                ProcessEnd::Tree(_) => true,
+            })
+            .collect())
     }
 
     /// Like [`Watcher::poll`], each summary with the worker's final cumulative counters, for
@@ -247,7 +301,13 @@ impl Watcher {
     /// True while removed workers wait out their settling time before their summaries, or
     /// events wait to be taken.
     pub fn settling(&self) -> bool {
-        !self.removed.is_empty() || self.collector.events_waiting()
+        !self.removed.is_empty()
+            || self.collector.events_waiting()
+            || self.collector.process_events_waiting()
+            || self
+                .processes
+                .as_ref()
+                .is_some_and(ProcessTracker::settling)
     }
 
     /// Samples live workers: registers the ones made before the agent started, and keeps
@@ -341,10 +401,22 @@ impl Watcher {
 /// `workerprobe watch`.
 pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
     let selection = Selection::new(&args.workers.patterns)?;
-    let collector = super::start_collector(&args.probe)?;
+    let processes = args.processes || !args.process_rules.is_empty();
+    if processes && args.probe.pin.is_some() {
+        return Err(crate::error::UserError::BadInput(
+            "--processes and --process cannot be used with --pin: drop --pin to follow processes"
+                .into(),
+        )
+        .into());
+    }
+    let collector = super::start_collector_with(&args.probe, processes)?;
+    let net = collector.measured().net;
     let mut watcher = Watcher::new(collector, selection)
         .with_endpoint_namer(args.probe.endpoint_namer())
         .with_level(args.tree.depth);
+    if processes {
+        watcher = watcher.with_processes(ProcessTracker::new(args.process_rules.clone()));
+    }
     let mut stdout = std::io::stdout().lock();
     if args.json {
         let header = serde_json::json!({
@@ -356,6 +428,8 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
         writeln!(stdout, "{header}").context("writing to stdout")?;
         stdout.flush().context("writing to stdout")?;
     }
+    drop(stdout);
+    let output = LineWriter::start();
     crate::say!("workerprobe: attached; watching for worker exits");
     let deadline = args.duration.map(|duration| Instant::now() + duration);
     // Ctrl-C (SIGINT) or SIGTERM ends the watch after the last exits settle.
@@ -373,12 +447,13 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
             watcher.sample()?;
             next_sample = Instant::now() + args.interval;
         }
+        let mut lines = Vec::new();
         for summary in watcher.poll() {
-            let line = render(&summary, args.json)?;
-            if writeln!(stdout, "{line}")
-                .and_then(|()| stdout.flush())
-                .is_err()
-            {
+            lines.push(render(&summary, args.json)?);
+        }
+        lines.extend(render_processes(&mut watcher, args.json, net)?);
+        for line in lines {
+            if !output.write(line) {
                 return Ok(()); // the reader went away
             }
         }
@@ -392,15 +467,101 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
             tokio::time::sleep(SETTLE).await;
             loop {
                 for summary in watcher.poll() {
-                    let _ = writeln!(stdout, "{}", render(&summary, args.json)?);
+                    output.write(render(&summary, args.json)?);
+                }
+                for line in render_processes(&mut watcher, args.json, net)? {
+                    output.write(line);
                 }
                 if !watcher.settling() {
                     break;
                 }
                 tokio::time::sleep(EVENT_POLL).await;
             }
-            let _ = stdout.flush();
+            output.finish();
             return Ok(());
+        }
+    }
+}
+
+/// The processes and named trees that ended, as lines (a Lithops call's record after its
+/// tree's).
+fn render_processes(watcher: &mut Watcher, json: bool, net: bool) -> anyhow::Result<Vec<String>> {
+    let boot_offset_ns = watcher.boot_offset_ns();
+    let mut lines = Vec::new();
+    for (end, path) in watcher.poll_processes()? {
+        match end {
+            ProcessEnd::Process(summary) if json => lines.push(
+                process_sink::process_json(&summary, path.as_deref(), boot_offset_ns, net)
+                    .to_string(),
+            ),
+            ProcessEnd::Process(summary) => {
+                lines.push(process_sink::process_line(&summary, path.as_deref()));
+            }
+            ProcessEnd::Tree(tree) if json => {
+                lines.push(process_sink::tree_json(&tree, boot_offset_ns, net).to_string());
+                if let Some(call) = process_sink::lithops_call_json(&tree, boot_offset_ns, net) {
+                    lines.push(call.to_string());
+                }
+            }
+            ProcessEnd::Tree(tree) => lines.push(process_sink::tree_line(&tree)),
+        }
+    }
+    Ok(lines)
+}
+
+/// Writes lines on stdout from its own thread, so a slow reader of the agent's output never
+/// holds the agent up: removed workers keep being finished (their kernel map entries freed)
+/// while their lines wait here.
+struct LineWriter {
+    lines: Option<std::sync::mpsc::Sender<String>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl LineWriter {
+    fn start() -> Self {
+        let (lines, queued) = std::sync::mpsc::channel::<String>();
+        let closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader_gone = std::sync::Arc::clone(&closed);
+        let thread = std::thread::Builder::new()
+            .name("stdout".into())
+            .spawn(move || {
+                let mut stdout = std::io::stdout().lock();
+                for line in queued {
+                    if writeln!(stdout, "{line}")
+                        .and_then(|()| stdout.flush())
+                        .is_err()
+                    {
+                        reader_gone.store(true, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    }
+                }
+            })
+            .ok();
+        Self {
+            lines: Some(lines),
+            thread,
+            closed,
+        }
+    }
+
+    /// Queues a line; false once the reader of the output has gone away.
+    fn write(&self, line: String) -> bool {
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        match (&self.lines, &self.thread) {
+            (Some(lines), Some(_)) => lines.send(line).is_ok(),
+            // No thread could be started: write here.
+            _ => writeln!(std::io::stdout(), "{line}").is_ok(),
+        }
+    }
+
+    /// Writes what is queued, then returns.
+    fn finish(mut self) {
+        self.lines = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }

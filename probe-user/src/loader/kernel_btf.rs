@@ -7,6 +7,7 @@ use anyhow::{Context as _, anyhow, bail};
 use btf_rs::{Btf, Type};
 use probe_common::{
     memory::MemoryOffsets,
+    process::ProcessOffsets,
     task::{SchedInfoOffsets, TaskOffsets, WaitOffsets},
 };
 
@@ -75,6 +76,23 @@ pub fn wait_offsets(btf: &Btf) -> anyhow::Result<WaitOffsets> {
         inode_i_mode: member_offset(btf, "inode", &["i_mode"])?,
         pt_regs_orig_ax: member_offset(btf, "pt_regs", &["orig_ax"])?,
         pt_regs_di: member_offset(btf, "pt_regs", &["di"])?,
+    })
+}
+
+/// What the process programs read: a thread's start, exit code, context switches and name,
+/// and where its program's arguments are.
+pub fn process_offsets(btf: &Btf) -> anyhow::Result<ProcessOffsets> {
+    let task = |name| member_offset(btf, "task_struct", &[name]);
+    Ok(ProcessOffsets {
+        task_start_time: task("start_time")?,
+        task_exit_code: task("exit_code")?,
+        task_nvcsw: task("nvcsw")?,
+        task_nivcsw: task("nivcsw")?,
+        task_comm: task("comm")?,
+        task_mm: task("mm")?,
+        mm_arg_start: member_offset(btf, "mm_struct", &["arg_start"])?,
+        mm_arg_end: member_offset(btf, "mm_struct", &["arg_end"])?,
+        signal_live: member_offset(btf, "signal_struct", &["live"])?,
     })
 }
 

@@ -30,6 +30,7 @@ use probe_common::{
         SOCK_DPORT_OFFSET_GLOBAL, SOCK_FAMILY_OFFSET_GLOBAL, SOCK_V6_DADDR_OFFSET_GLOBAL,
         SOCKET_SK_OFFSET_GLOBAL,
     },
+    process::{PROCESS_OFFSET_GLOBALS, PROCESSES_ON_GLOBAL},
     task::{
         CGROUP_KN_OFFSET_GLOBAL, CGROUP_ROOT_HIERARCHY_ID_OFFSET_GLOBAL, CGROUP_ROOT_OFFSET_GLOBAL,
         CGROUPS_OFFSET_GLOBAL, CSS_SET_DFL_CGRP_OFFSET_GLOBAL, FDTABLE_FD_OFFSET_GLOBAL,
@@ -137,6 +138,8 @@ pub struct LoadOptions {
     pub endpoints_per_worker: u32,
     /// Capacity of the endpoints map, every worker together.
     pub max_endpoints: u32,
+    /// Whether the process programs tell of every process (`watch --processes`).
+    pub processes: bool,
 }
 
 impl Default for LoadOptions {
@@ -147,6 +150,7 @@ impl Default for LoadOptions {
             net_attach: None,
             endpoints_per_worker: probe_common::net::DEFAULT_ENDPOINTS_PER_WORKER,
             max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
+            processes: false,
         }
     }
 }
@@ -221,6 +225,7 @@ struct Loaded {
     task: probe_common::task::TaskOffsets,
     wait: probe_common::task::WaitOffsets,
     memory: probe_common::memory::MemoryOffsets,
+    process: probe_common::process::ProcessOffsets,
     family_offset: u32,
     socket_sk_offset: u32,
     /// Which variant each group will use.
@@ -234,7 +239,7 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     if !Path::new(kernel_btf::VMLINUX_BTF).exists() {
         return Err(UserError::NoKernelBtf.into());
     }
-    let (family_offset, socket_sk_offset, task, wait, memory, sock, features) = {
+    let (family_offset, socket_sk_offset, task, wait, memory, process, sock, features) = {
         // Read whole, then parsed: parsing from the sysfs file seeks once per type, a third
         // of the load time.
         let bytes = std::fs::read(kernel_btf::VMLINUX_BTF).map_err(|_| UserError::NoKernelBtf)?;
@@ -244,6 +249,8 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
             kernel_btf::wait_offsets(&btf).context("locating the fields wait reasons read")?;
         let memory = kernel_btf::memory_offsets(&btf)
             .context("locating the fields that keep memory peaks")?;
+        let process = kernel_btf::process_offsets(&btf)
+            .context("locating the fields the process programs read")?;
         let features = KernelFeatures::probe(&btf, &plan::all_needs(), task.sched_info.is_some());
         (
             kernel_btf::sock_family_offset(&btf).context("locating struct sock's family field")?,
@@ -252,6 +259,7 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
             task,
             wait,
             memory,
+            process,
             kernel_btf::sock_peer_offsets(&btf).context("locating struct sock's peer fields")?,
             features,
         )
@@ -273,8 +281,15 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     let sched_info = task.sched_info.unwrap_or_default();
     let endpoints_on = u32::from(plan.measured().endpoints);
 
-    let ebpf = EbpfLoader::new()
+    let processes_on = u32::from(options.processes);
+    let process_offsets = process.values();
+    let mut loader = EbpfLoader::new();
+    for (name, offset) in PROCESS_OFFSET_GLOBALS.iter().zip(&process_offsets) {
+        loader.override_global(name, offset, true);
+    }
+    let ebpf = loader
         .btf(Some(&btf))
+        .override_global(PROCESSES_ON_GLOBAL, &processes_on, true)
         // The task storage map: the kernel knows it, aya 0.14 does not.
         .allow_unsupported_maps()
         .override_global(SOCK_FAMILY_OFFSET_GLOBAL, &family_offset, true)
@@ -349,6 +364,7 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         task,
         wait,
         memory,
+        process,
         family_offset,
         socket_sk_offset,
         plan,

@@ -185,6 +185,15 @@ impl Meta {
             ("signal_struct.maxrss", loaded.memory.signal_maxrss),
             ("cgroup.subsys[memory]", loaded.memory.cgroup_memory_css),
             ("mem_cgroup.memory.watermark", loaded.memory.memcg_watermark),
+            ("task_struct.start_time", loaded.process.task_start_time),
+            ("task_struct.exit_code", loaded.process.task_exit_code),
+            ("task_struct.nvcsw", loaded.process.task_nvcsw),
+            ("task_struct.nivcsw", loaded.process.task_nivcsw),
+            ("task_struct.comm", loaded.process.task_comm),
+            ("task_struct.mm", loaded.process.task_mm),
+            ("mm_struct.arg_start", loaded.process.mm_arg_start),
+            ("mm_struct.arg_end", loaded.process.mm_arg_end),
+            ("signal_struct.live", loaded.process.signal_live),
         ]
         .into_iter()
         .map(|(name, offset)| (name.to_string(), offset))

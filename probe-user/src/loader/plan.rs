@@ -320,7 +320,7 @@ const fn RECVMSG(name: &'static str) -> Need {
 }
 
 const LIFECYCLE: &[Variant] = &[Variant {
-    name: "tp_btf cgroup_mkdir, cgroup_rmdir, sched_process_exit",
+    name: "tp_btf cgroup_mkdir, cgroup_rmdir, sched_process_exit/fork/exec",
     needs: &[
         Need::Tracepoint {
             name: "cgroup_mkdir",
@@ -334,11 +334,22 @@ const LIFECYCLE: &[Variant] = &[Variant {
             name: "sched_process_exit",
             args: 1,
         },
+        Need::Tracepoint {
+            name: "sched_process_fork",
+            args: 2,
+        },
+        Need::Tracepoint {
+            name: "sched_process_exec",
+            args: 3,
+        },
     ],
+    // The process programs return at once unless `watch --processes` loaded them.
     programs: &[
         tp("cgroup_mkdir", "cgroup_mkdir"),
         tp("cgroup_rmdir", "cgroup_rmdir"),
         tp("process_exit", "sched_process_exit"),
+        tp("proc_fork", "sched_process_fork"),
+        tp("proc_exec", "sched_process_exec"),
     ],
     extras: &[],
 }];

@@ -3,6 +3,7 @@
 
 pub mod endpoints;
 pub mod identity;
+pub mod process;
 pub mod registry;
 mod sample;
 pub mod selection;

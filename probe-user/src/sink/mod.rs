@@ -3,6 +3,7 @@
 
 pub mod json;
 pub mod picture;
+pub mod process;
 pub mod prometheus;
 pub mod summary;
 pub mod table;

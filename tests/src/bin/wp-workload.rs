@@ -83,6 +83,8 @@ fn main() {
         "fetch" => fetch(arg(1), num(arg(2)), num(arg(3)), arg(4), num(arg(5))),
         "fanout" => fanout(&args[1..args.len() - 1], num(&args[args.len() - 1])),
         "sendfile" => send_file(arg(1), num(arg(2))),
+        "forks" => forks(num(arg(1)), num(arg(2))),
+        "tree" => tree(num(arg(2)), num(arg(3))),
         "nap" => {
             if args.get(3).map(String::as_str) == Some("wait") {
                 wait_for_go();
@@ -330,6 +332,81 @@ fn fanout(addrs: &[String], bytes: u64) {
         r#"{{"sent_bytes":{sent},"received_bytes":{received},"peers":{}}}"#,
         addrs.len()
     );
+}
+
+/// Forks `count` children one after another, each burning `burn_us` of CPU and exiting with
+/// its index mod 7; prints, per child, what wait4 said of it.
+fn forks(count: u64, burn_us: u64) {
+    for index in 0..count {
+        let (pid, status, usage) = fork_and_wait(|| {
+            spin_cpu(Duration::from_micros(burn_us));
+            (index % 7) as i32
+        });
+        println!(
+            r#"{{"pid":{pid},"status":{status},"utime_us":{},"stime_us":{},"maxrss_kb":{}}}"#,
+            usage.ru_utime.tv_sec * 1_000_000 + usage.ru_utime.tv_usec,
+            usage.ru_stime.tv_sec * 1_000_000 + usage.ru_stime.tv_usec,
+            usage.ru_maxrss,
+        );
+    }
+}
+
+/// A process tree (its name on the command line is for rules to match): forks `children`
+/// processes at once, each burning `burn_ms` of CPU, burns as much itself, waits for them,
+/// and prints its own and its children's rusage CPU just before it exits.
+fn tree(children: u64, burn_ms: u64) {
+    let mut pids = Vec::new();
+    for _ in 0..children {
+        // SAFETY: this process is single-threaded here; the child only computes and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            spin_cpu(Duration::from_millis(burn_ms));
+            // SAFETY: leaves the child without running the parent's exit handlers.
+            unsafe { libc::_exit(0) };
+        }
+        pids.push(pid);
+    }
+    spin_cpu(Duration::from_millis(burn_ms));
+    for pid in pids {
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+    }
+    let cpu_us = |who| {
+        // SAFETY: a zeroed rusage is valid for getrusage to fill.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid `who` and a writable rusage.
+        unsafe { libc::getrusage(who, &mut usage) };
+        (usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000
+            + usage.ru_utime.tv_usec
+            + usage.ru_stime.tv_usec
+    };
+    println!(
+        r#"{{"pid":{},"self_cpu_us":{},"children_cpu_us":{}}}"#,
+        std::process::id(),
+        cpu_us(libc::RUSAGE_SELF),
+        cpu_us(libc::RUSAGE_CHILDREN)
+    );
+}
+
+/// Forks a child that runs `work` and exits with its result; returns the child's pid, wait
+/// status and rusage.
+fn fork_and_wait(work: impl FnOnce() -> i32) -> (i32, i32, libc::rusage) {
+    // SAFETY: this process is single-threaded here; the child only computes and exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = work();
+        // SAFETY: leaves the child without running the parent's exit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is valid for wait4 to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, with writable status and rusage.
+    unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    (pid, status, usage)
 }
 
 fn cpu_mix(ms: u64) {

@@ -1,0 +1,160 @@
+//! Process workers (`watch --processes`): the kernel tells of each process made (fork), each
+//! program started (exec, with its command line) and each thread's final totals, read from the
+//! kernel's own per-thread accounting at its last switch-out, through one ring buffer. Nothing
+//! runs on the scheduler's hot path for it: a thread's CPU time, run-queue wait and context
+//! switches are the kernel's own counters, read once.
+
+/// Name of the ring buffer of process events.
+pub const PROCESS_EVENTS_MAP: &str = "PROCESS_EVENTS";
+/// Size of the ring: its reader thread empties it on every wake-up; 1 MiB holds about 9,000
+/// thread records.
+pub const PROCESS_EVENTS_BYTES: u32 = 1024 * 1024;
+/// Global: 1 when process events are wanted; read-only, so the verifier drops their code
+/// from the programs when it is 0.
+pub const PROCESSES_ON_GLOBAL: &str = "PROCESSES_ON";
+/// Longest command line carried by an exec event (longer ones are cut).
+pub const ARGS_BYTES: usize = 512;
+
+/// [`ProcessFork`]: a process was made.
+pub const PROCESS_FORKED: u32 = 1;
+/// [`ProcessExec`]: a process started a program.
+pub const PROCESS_EXECED: u32 = 2;
+/// [`ThreadEnd`]: a thread's final totals.
+pub const THREAD_ENDED: u32 = 3;
+
+/// A new process (not a thread): `clone` without `CLONE_THREAD`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessFork {
+    /// [`PROCESS_FORKED`].
+    pub kind: u32,
+    /// The new process's id.
+    pub pid: u32,
+    /// The process that made it.
+    pub parent_pid: u32,
+    /// Padding, zero.
+    pub pad: u32,
+    /// CLOCK_MONOTONIC ns.
+    pub at_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<ProcessFork>() == 24);
+
+/// A process started a program (`execve`), with the program's command line.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessExec {
+    /// [`PROCESS_EXECED`].
+    pub kind: u32,
+    /// Process id.
+    pub pid: u32,
+    /// CLOCK_MONOTONIC ns.
+    pub at_ns: u64,
+    /// Bytes of `args` used: the arguments, each NUL-terminated, as in /proc/PID/cmdline.
+    pub args_len: u32,
+    /// Padding, zero.
+    pub pad: u32,
+    /// The command line.
+    pub args: [u8; ARGS_BYTES],
+}
+
+const _: () = assert!(core::mem::size_of::<ProcessExec>() == 24 + ARGS_BYTES);
+
+/// A thread's final totals, at its last switch-out (its CPU time whole).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadEnd {
+    /// [`THREAD_ENDED`].
+    pub kind: u32,
+    /// Thread id; equal to `pid` for the process's main thread, which the kernel frees last.
+    pub tid: u32,
+    /// Process id.
+    pub pid: u32,
+    /// `exit_code` as wait() reports it: `code << 8`, or the signal that ended it.
+    pub exit_code: u32,
+    /// Threads of the process still alive (`signal->live`): 0 when this was its last.
+    pub live_threads: u32,
+    /// Padding, zero.
+    pub pad: u32,
+    /// cgroup v2 id the thread ended in.
+    pub cgroup_id: u64,
+    /// CLOCK_MONOTONIC ns when the thread started.
+    pub started_ns: u64,
+    /// CLOCK_MONOTONIC ns when it exited (0: unknown).
+    pub exited_ns: u64,
+    /// CPU time (`se.sum_exec_runtime`).
+    pub runtime_ns: u64,
+    /// Tick-sampled user time.
+    pub utime_ns: u64,
+    /// Tick-sampled system time.
+    pub stime_ns: u64,
+    /// Time runnable, waiting for a CPU (`sched_info.run_delay`).
+    pub run_delay_ns: u64,
+    /// Voluntary context switches.
+    pub voluntary_switches: u64,
+    /// Involuntary context switches.
+    pub involuntary_switches: u64,
+    /// The process's largest resident set (`signal->maxrss`, pages).
+    pub max_rss_pages: u64,
+    /// Socket payload the thread sent.
+    pub sent_bytes: u64,
+    /// Socket payload the thread received.
+    pub received_bytes: u64,
+    /// The thread's name (`comm`), NUL-padded.
+    pub comm: [u8; 16],
+}
+
+const _: () = assert!(core::mem::size_of::<ThreadEnd>() == 24 + 12 * 8 + 16);
+
+/// Fields the process programs read, resolved from the kernel's BTF.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessOffsets {
+    /// `task_struct.start_time`.
+    pub task_start_time: u32,
+    /// `task_struct.exit_code`.
+    pub task_exit_code: u32,
+    /// `task_struct.nvcsw`.
+    pub task_nvcsw: u32,
+    /// `task_struct.nivcsw`.
+    pub task_nivcsw: u32,
+    /// `task_struct.comm`.
+    pub task_comm: u32,
+    /// `task_struct.mm`.
+    pub task_mm: u32,
+    /// `mm_struct.arg_start`.
+    pub mm_arg_start: u32,
+    /// `mm_struct.arg_end`.
+    pub mm_arg_end: u32,
+    /// `signal_struct.live`.
+    pub signal_live: u32,
+}
+
+/// Globals holding [`ProcessOffsets`], in field order.
+pub const PROCESS_OFFSET_GLOBALS: [&str; 9] = [
+    "TASK_START_TIME_OFFSET",
+    "TASK_EXIT_CODE_OFFSET",
+    "TASK_NVCSW_OFFSET",
+    "TASK_NIVCSW_OFFSET",
+    "TASK_COMM_OFFSET",
+    "TASK_MM_OFFSET",
+    "MM_ARG_START_OFFSET",
+    "MM_ARG_END_OFFSET",
+    "SIGNAL_LIVE_OFFSET",
+];
+
+impl ProcessOffsets {
+    /// The offsets in the order of [`PROCESS_OFFSET_GLOBALS`].
+    pub fn values(&self) -> [u32; 9] {
+        [
+            self.task_start_time,
+            self.task_exit_code,
+            self.task_nvcsw,
+            self.task_nivcsw,
+            self.task_comm,
+            self.task_mm,
+            self.mm_arg_start,
+            self.mm_arg_end,
+            self.signal_live,
+        ]
+    }
+}

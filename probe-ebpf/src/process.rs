@@ -1,0 +1,194 @@
+//! Process workers (`watch --processes`): `tp_btf/sched_process_fork` tells of each new
+//! process, `tp_btf/sched_process_exec` of each program started with its command line, and
+//! the sched_switch programs, at a dead thread's last switch-out, of its final totals, read
+//! from the kernel's own per-thread accounting. With `PROCESSES_ON` at 0 the verifier reduces
+//! the first two to a return and drops the check from the switch programs.
+//!
+//! Not `sched_process_free`: on the 6.18 host, a free run from a softirq over some tasks
+//! never reached the attached program (neither run nor counted as a miss), losing 1 thread
+//! in 200.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    Global,
+    helpers::{bpf_ktime_get_ns, generated::bpf_probe_read_user},
+    macros::{btf_tracepoint, map},
+    maps::RingBuf,
+    programs::BtfTracePointContext,
+};
+use probe_common::{
+    drops::DROP_PROCESS_EVENTS,
+    process::{
+        ARGS_BYTES, PROCESS_EVENTS_BYTES, PROCESS_EXECED, PROCESS_FORKED, ProcessExec, ProcessFork,
+        THREAD_ENDED, ThreadEnd,
+    },
+};
+
+use crate::{sched::count_drop, task};
+
+/// Process events, oldest first.
+#[map]
+static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
+
+/// 1 when process events are wanted (set by the loader; read-only).
+#[unsafe(no_mangle)]
+pub(crate) static PROCESSES_ON: Global<u32> = Global::new(0);
+
+#[unsafe(no_mangle)]
+static TASK_START_TIME_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_EXIT_CODE_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_NVCSW_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_NIVCSW_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_COMM_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_MM_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static MM_ARG_START_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static MM_ARG_END_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static SIGNAL_LIVE_OFFSET: Global<u32> = Global::new(0);
+
+/// Whether process events are wanted.
+#[inline(always)]
+pub(crate) fn on() -> bool {
+    PROCESSES_ON.load() != 0
+}
+
+/// CLOCK_MONOTONIC ns.
+#[inline(always)]
+#[allow(unused_unsafe)]
+fn now_ns() -> u64 {
+    // SAFETY: reads a clock.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// Reads a field of type `T` at `offset` bytes into the object `base` points to.
+///
+/// # Safety
+/// `base` must be a BTF-typed kernel pointer and `offset` a field offset of its type.
+#[inline(always)]
+unsafe fn field<T: Copy>(base: *const u8, offset: u32) -> T {
+    // SAFETY: the verifier turns this into a fault-safe load checked against BTF.
+    unsafe { core::ptr::read_volatile(base.add(offset as usize) as *const T) }
+}
+
+/// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`.
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn proc_fork(ctx: BtfTracePointContext) -> u32 {
+    if !on() {
+        return 0;
+    }
+    let parent: task::Task = ctx.arg(0);
+    let child: task::Task = ctx.arg(1);
+    // A new thread of an existing process is not a new process.
+    if task::tid(child) != task::tgid(child) {
+        return 0;
+    }
+    let Some(mut entry) = PROCESS_EVENTS.reserve::<ProcessFork>(0) else {
+        count_drop(DROP_PROCESS_EVENTS);
+        return 0;
+    };
+    entry.write(ProcessFork {
+        kind: PROCESS_FORKED,
+        pid: task::tgid(child),
+        parent_pid: task::tgid(parent),
+        pad: 0,
+        at_ns: now_ns(),
+    });
+    entry.submit(0);
+    0
+}
+
+/// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)`:
+/// `p` is the current task, its new program's arguments already on its stack.
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn proc_exec(ctx: BtfTracePointContext) -> u32 {
+    if !on() {
+        return 0;
+    }
+    let process: task::Task = ctx.arg(0);
+    let Some(mut entry) = PROCESS_EVENTS.reserve::<ProcessExec>(0) else {
+        count_drop(DROP_PROCESS_EVENTS);
+        return 0;
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points to a reserved, writable ProcessExec; the loads are BTF-checked
+    // (a fault yields 0) and the user read is bounded by the buffer.
+    unsafe {
+        (*event).kind = PROCESS_EXECED;
+        (*event).pid = task::tgid(process);
+        (*event).at_ns = bpf_ktime_get_ns();
+        (*event).pad = 0;
+        let mm: *const u8 = field(process, TASK_MM_OFFSET.load());
+        let (start, end): (u64, u64) = if mm.is_null() {
+            (0, 0)
+        } else {
+            (
+                field(mm, MM_ARG_START_OFFSET.load()),
+                field(mm, MM_ARG_END_OFFSET.load()),
+            )
+        };
+        let wanted = end.saturating_sub(start).min(ARGS_BYTES as u64 - 1) as u32;
+        // The mask only tells the verifier what the min above already ensures.
+        let len = wanted & (ARGS_BYTES as u32 - 1);
+        let read = if len == 0 {
+            -1
+        } else {
+            bpf_probe_read_user(
+                (*event).args.as_mut_ptr() as *mut c_void,
+                len,
+                start as *const c_void,
+            )
+        };
+        (*event).args_len = if read == 0 { len } else { 0 };
+    }
+    entry.submit(0);
+    0
+}
+
+/// `TASK_DEAD` in `prev_state`: the outgoing thread has exited and leaves its CPU for good.
+pub(crate) const TASK_DEAD: u64 = 0x80;
+
+/// A thread's last switch-out (called by the sched_switch programs when `prev_state` is
+/// `TASK_DEAD`): the scheduler has just charged its last slice, so every counter is final.
+/// Written field by field into the ring: a `ThreadEnd` built on the stack would not fit
+/// beside the switch program's own.
+#[inline(never)]
+pub(crate) fn thread_end(thread: task::Task, sent_bytes: u64, received_bytes: u64) {
+    let Some(mut entry) = PROCESS_EVENTS.reserve::<ThreadEnd>(0) else {
+        count_drop(DROP_PROCESS_EVENTS);
+        return;
+    };
+    let (utime_ns, stime_ns) = task::utime_stime_ns(thread);
+    let end = entry.as_mut_ptr();
+    // SAFETY: `end` points to a reserved, writable ThreadEnd; the loads are BTF-checked
+    // through the task pointer (a fault yields 0).
+    unsafe {
+        (*end).kind = THREAD_ENDED;
+        (*end).tid = task::tid(thread);
+        (*end).pid = task::tgid(thread);
+        (*end).exit_code = field(thread, TASK_EXIT_CODE_OFFSET.load());
+        (*end).live_threads = field(task::signal(thread), SIGNAL_LIVE_OFFSET.load());
+        (*end).pad = 0;
+        (*end).cgroup_id = task::cgroup_id(thread);
+        (*end).started_ns = field(thread, TASK_START_TIME_OFFSET.load());
+        (*end).exited_ns = now_ns();
+        (*end).runtime_ns = task::sum_exec_runtime_ns(thread);
+        (*end).utime_ns = utime_ns;
+        (*end).stime_ns = stime_ns;
+        (*end).run_delay_ns = task::run_delay_ns(thread);
+        (*end).voluntary_switches = field(thread, TASK_NVCSW_OFFSET.load());
+        (*end).involuntary_switches = field(thread, TASK_NIVCSW_OFFSET.load());
+        (*end).max_rss_pages = task::max_rss_pages(thread);
+        (*end).sent_bytes = sent_bytes;
+        (*end).received_bytes = received_bytes;
+        (*end).comm = field(thread, TASK_COMM_OFFSET.load());
+    }
+    entry.submit(0);
+}

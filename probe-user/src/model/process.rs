@@ -1,0 +1,730 @@
+//! Process workers: each process's totals when it ends, folded from its threads' final
+//! counters, and process trees named by a rule on their command line (`--process`), each
+//! summed when its last process ends.
+//!
+//! A process's CPU time is its threads' own `sum_exec_runtime`, read after each thread left
+//! its last CPU: the figure wait4's rusage gives, split into user and system as the kernel
+//! splits it (tick-sampled shares of the precise total).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use regex::Regex;
+use serde::Serialize;
+
+/// How long a process waits, once its last thread has ended, before its summary: a thread
+/// that ended just before it may still be leaving its CPU elsewhere.
+pub const SETTLE: Duration = Duration::from_millis(100);
+
+/// The built-in rule for Lithops' localhost backend (version 2): one runner per call,
+/// started as `python localhost-runner-v2.py run_job …/jobs/<executor>-<job>/<call>.task`.
+pub const LITHOPS_PRESET: &str = r"localhost-runner-v2\.py run_job \S*/jobs/(?P<executor>[^/ ]+)-(?P<job>[^/ -]+)/(?P<call>[^/ ]+)\.task";
+
+/// What the process programs tell.
+#[derive(Clone, Debug)]
+pub enum ProcessEvent {
+    /// A process was made.
+    Forked {
+        /// The new process.
+        pid: u32,
+        /// The process that made it.
+        parent_pid: u32,
+    },
+    /// A process started a program.
+    Execed {
+        /// The process.
+        pid: u32,
+        /// Its command line, arguments separated by spaces.
+        command: String,
+    },
+    /// A thread's final counters.
+    ThreadEnded(ThreadTotals),
+}
+
+/// One thread's final counters, as the kernel kept them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ThreadTotals {
+    /// Thread id.
+    pub tid: u32,
+    /// Process id.
+    pub pid: u32,
+    /// wait() status: `code << 8`, or the signal number.
+    pub exit_code: u32,
+    /// The process's last thread: the process has ended.
+    pub last_of_process: bool,
+    /// cgroup v2 id it ended in.
+    pub cgroup_id: u64,
+    /// CLOCK_MONOTONIC ns at its start.
+    pub started_ns: u64,
+    /// CLOCK_MONOTONIC ns at its exit (0: not seen).
+    pub exited_ns: u64,
+    /// CPU time.
+    pub runtime_ns: u64,
+    /// Tick-sampled user time.
+    pub utime_ns: u64,
+    /// Tick-sampled system time.
+    pub stime_ns: u64,
+    /// Runnable, waiting for a CPU.
+    pub run_delay_ns: u64,
+    /// Voluntary context switches.
+    pub voluntary_switches: u64,
+    /// Involuntary context switches.
+    pub involuntary_switches: u64,
+    /// The process's largest resident set so far.
+    pub max_rss_bytes: u64,
+    /// Socket payload sent.
+    pub sent_bytes: u64,
+    /// Socket payload received.
+    pub received_bytes: u64,
+    /// Thread name.
+    pub comm: String,
+}
+
+/// `--process NAME:REGEX` or a preset: processes whose command line matches start a named
+/// tree, which the processes they make join.
+#[derive(Clone, Debug)]
+pub struct ProcessRule {
+    /// The rule's name (`lithops` for the preset).
+    pub name: String,
+    /// Matched against the command line, arguments separated by spaces.
+    pub pattern: Regex,
+}
+
+/// Parses `--process`: `lithops`, or `NAME:REGEX` with named captures as ids.
+pub fn parse_rule(text: &str) -> Result<ProcessRule, String> {
+    if text == "lithops" {
+        return Ok(ProcessRule {
+            name: "lithops".into(),
+            pattern: Regex::new(LITHOPS_PRESET).expect("the preset is a valid pattern"),
+        });
+    }
+    let Some((name, pattern)) = text.split_once(':') else {
+        return Err(format!(
+            "`{text}` is not a process rule: give NAME:REGEX (e.g. 'etl:python .*etl\\.py (?P<step>\\w+)') or the preset lithops"
+        ));
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !name_ok {
+        return Err(format!(
+            "`{name}` is not a rule name: use up to 64 letters, digits, '-', '_' or '.'"
+        ));
+    }
+    match Regex::new(pattern) {
+        Ok(pattern) => Ok(ProcessRule {
+            name: name.into(),
+            pattern,
+        }),
+        Err(_) => Err(format!(
+            "`{pattern}` is not a valid regular expression; check its brackets and escapes (Rust regex syntax, named captures as (?P<name>...))"
+        )),
+    }
+}
+
+impl ProcessRule {
+    /// The captures as ids when `command` matches.
+    fn ids(&self, command: &str) -> Option<BTreeMap<String, String>> {
+        let captures = self.pattern.captures(command)?;
+        Some(
+            self.pattern
+                .capture_names()
+                .flatten()
+                .filter_map(|name| {
+                    captures
+                        .name(name)
+                        .map(|value| (name.to_string(), value.as_str().to_string()))
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Counters summed over threads or processes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ProcessCounters {
+    /// CPU time, ns.
+    pub cpu_ns: u64,
+    /// Its user-mode share, ns.
+    pub user_ns: u64,
+    /// Its kernel-mode share, ns.
+    pub system_ns: u64,
+    /// Thread time runnable but waiting for a CPU, ns.
+    pub run_queue_ns: u64,
+    /// Thread time neither on a CPU nor waiting for one (asleep, blocked), ns.
+    pub off_cpu_ns: u64,
+    /// Voluntary context switches.
+    pub voluntary_switches: u64,
+    /// Involuntary context switches.
+    pub involuntary_switches: u64,
+    /// Socket payload sent, bytes.
+    pub sent_bytes: u64,
+    /// Socket payload received, bytes.
+    pub received_bytes: u64,
+    /// Threads that ended.
+    pub threads: u64,
+    utime_ns: u64,
+    stime_ns: u64,
+}
+
+impl ProcessCounters {
+    fn add_thread(&mut self, thread: &ThreadTotals) {
+        self.cpu_ns += thread.runtime_ns;
+        self.utime_ns += thread.utime_ns;
+        self.stime_ns += thread.stime_ns;
+        self.run_queue_ns += thread.run_delay_ns;
+        if thread.exited_ns > thread.started_ns {
+            let lived = thread.exited_ns - thread.started_ns;
+            self.off_cpu_ns += lived.saturating_sub(thread.runtime_ns + thread.run_delay_ns);
+        }
+        self.voluntary_switches += thread.voluntary_switches;
+        self.involuntary_switches += thread.involuntary_switches;
+        self.sent_bytes += thread.sent_bytes;
+        self.received_bytes += thread.received_bytes;
+        self.threads += 1;
+        self.split();
+    }
+
+    fn add(&mut self, other: &ProcessCounters) {
+        self.cpu_ns += other.cpu_ns;
+        self.utime_ns += other.utime_ns;
+        self.stime_ns += other.stime_ns;
+        self.run_queue_ns += other.run_queue_ns;
+        self.off_cpu_ns += other.off_cpu_ns;
+        self.voluntary_switches += other.voluntary_switches;
+        self.involuntary_switches += other.involuntary_switches;
+        self.sent_bytes += other.sent_bytes;
+        self.received_bytes += other.received_bytes;
+        self.threads += other.threads;
+        self.split();
+    }
+
+    /// User and system as the kernel's cputime_adjust makes them: the precise total, split in
+    /// the proportion of the tick-sampled times.
+    fn split(&mut self) {
+        let sampled = self.utime_ns + self.stime_ns;
+        self.system_ns = match (self.utime_ns, self.stime_ns) {
+            (_, 0) => 0,
+            (0, _) => self.cpu_ns,
+            _ => (u128::from(self.cpu_ns) * u128::from(self.stime_ns) / u128::from(sampled)) as u64,
+        };
+        self.user_ns = self.cpu_ns - self.system_ns;
+    }
+}
+
+/// How a process ended, as wait() tells it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitStatus {
+    /// It exited with this code.
+    Code(u32),
+    /// A signal ended it.
+    Signal(u32),
+}
+
+impl ExitStatus {
+    fn from_wait_status(status: u32) -> Self {
+        match status & 0x7f {
+            0 => Self::Code((status >> 8) & 0xff),
+            signal => Self::Signal(signal),
+        }
+    }
+}
+
+/// The tree a process belongs to, by the rule that named it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TreeLabel {
+    /// The rule's name.
+    pub rule: String,
+    /// The rule's captures.
+    pub ids: BTreeMap<String, String>,
+    /// The process whose command line matched.
+    pub root_pid: u32,
+}
+
+/// One process that ended.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProcessSummary {
+    /// Process id.
+    pub pid: u32,
+    /// The process that made it (0: made before the agent started).
+    pub parent_pid: u32,
+    /// Its command line (its program's, or its parent's if it never started one), when the
+    /// agent saw it start or could still read it.
+    pub command: Option<String>,
+    /// Its main thread's name.
+    pub comm: String,
+    /// cgroup v2 id it ended in.
+    pub cgroup_id: u64,
+    /// CLOCK_MONOTONIC ns at its start.
+    pub started_ns: u64,
+    /// CLOCK_MONOTONIC ns when its main thread exited.
+    pub ended_ns: u64,
+    /// How it ended.
+    pub exit: ExitStatus,
+    /// Its largest resident set, bytes (wait4's ru_maxrss).
+    pub peak_rss_bytes: u64,
+    /// Its threads' counters, summed.
+    pub counters: ProcessCounters,
+    /// The named tree it belongs to.
+    pub tree: Option<TreeLabel>,
+}
+
+/// A named tree whose last process ended.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TreeSummary {
+    /// The rule, its captures and the root process.
+    pub label: TreeLabel,
+    /// The root's command line.
+    pub command: String,
+    /// Processes in the tree.
+    pub processes: u64,
+    /// CLOCK_MONOTONIC ns when its root started.
+    pub started_ns: u64,
+    /// CLOCK_MONOTONIC ns when its last process ended.
+    pub ended_ns: u64,
+    /// Every process's counters, summed.
+    pub counters: ProcessCounters,
+    /// The largest resident set of any of its processes, bytes.
+    pub peak_rss_bytes: u64,
+    /// The root's own summary.
+    pub root: Option<ProcessSummary>,
+    /// The summaries of the processes the root made (its children), in the order they ended.
+    pub children: Vec<ProcessSummary>,
+}
+
+/// What ended.
+#[derive(Clone, Debug, PartialEq)]
+#[allow(clippy::large_enum_variant)] // processes are the common case: not boxed
+pub enum ProcessEnd {
+    /// A process.
+    Process(ProcessSummary),
+    /// A named tree.
+    Tree(Box<TreeSummary>),
+}
+
+#[derive(Debug, Default)]
+struct Process {
+    parent_pid: u32,
+    command: Option<String>,
+    tree: Option<u64>,
+    counters: ProcessCounters,
+    main: Option<ThreadTotals>,
+    /// The thread that ended last: its exit status and peak are the process's.
+    last: Option<ThreadTotals>,
+}
+
+#[derive(Debug)]
+struct Tree {
+    label: TreeLabel,
+    command: String,
+    live: u64,
+    processes: u64,
+    started_ns: u64,
+    ended_ns: u64,
+    counters: ProcessCounters,
+    peak_rss_bytes: u64,
+    root: Option<ProcessSummary>,
+    children: Vec<ProcessSummary>,
+}
+
+/// Most processes tracked at once; past it the oldest-made tracked are forgotten.
+const MAX_PROCESSES: usize = 1 << 20;
+
+/// Folds process events into process and tree summaries.
+pub struct ProcessTracker {
+    rules: Vec<ProcessRule>,
+    processes: HashMap<u32, Process>,
+    trees: HashMap<u64, Tree>,
+    next_tree: u64,
+    /// Processes whose main thread was freed, due for their summary.
+    ending: VecDeque<(Instant, u32)>,
+}
+
+impl ProcessTracker {
+    /// A tracker naming trees by `rules`.
+    pub fn new(rules: Vec<ProcessRule>) -> Self {
+        Self {
+            rules,
+            processes: HashMap::new(),
+            trees: HashMap::new(),
+            next_tree: 0,
+            ending: VecDeque::new(),
+        }
+    }
+
+    /// Takes one event at `now`; `command_of` reads a live process's command line, for those
+    /// made before the agent started.
+    pub fn apply(
+        &mut self,
+        event: ProcessEvent,
+        now: Instant,
+        command_of: &dyn Fn(u32) -> Option<String>,
+    ) {
+        match event {
+            ProcessEvent::Forked { pid, parent_pid } => {
+                self.known(parent_pid, command_of);
+                let (command, tree) = self
+                    .processes
+                    .get(&parent_pid)
+                    .map(|parent| (parent.command.clone(), parent.tree))
+                    .unwrap_or_default();
+                if let Some(tree) = tree.and_then(|id| self.trees.get_mut(&id)) {
+                    tree.live += 1;
+                }
+                if self.processes.len() >= MAX_PROCESSES {
+                    return;
+                }
+                self.processes.insert(
+                    pid,
+                    Process {
+                        parent_pid,
+                        command,
+                        tree,
+                        ..Process::default()
+                    },
+                );
+            }
+            ProcessEvent::Execed { pid, command } => {
+                let process = self.processes.entry(pid).or_default();
+                process.command = Some(command.clone());
+                if process.tree.is_none() {
+                    self.start_tree(pid, &command);
+                }
+            }
+            ProcessEvent::ThreadEnded(thread) => {
+                let pid = thread.pid;
+                let process = self.processes.entry(pid).or_default();
+                process.counters.add_thread(&thread);
+                // The main thread names the process; it may end before the others.
+                if thread.tid == thread.pid || process.main.is_none() {
+                    process.main = Some(thread.clone());
+                }
+                if thread.last_of_process {
+                    process.last = Some(thread);
+                    self.ending.push_back((now + SETTLE, pid));
+                }
+            }
+        }
+    }
+
+    /// Summaries due by `now`: each ended process, and each named tree whose last process
+    /// ended (after its processes' own summaries).
+    pub fn take_due(&mut self, now: Instant) -> Vec<ProcessEnd> {
+        let mut ends = Vec::new();
+        while let Some(&(due, pid)) = self.ending.front() {
+            if due > now {
+                break;
+            }
+            self.ending.pop_front();
+            let Some(process) = self.processes.remove(&pid) else {
+                continue;
+            };
+            let (Some(main), Some(last)) = (process.main, process.last) else {
+                continue;
+            };
+            let tree_label = process
+                .tree
+                .and_then(|id| self.trees.get(&id))
+                .map(|tree| tree.label.clone());
+            let summary = ProcessSummary {
+                pid,
+                parent_pid: process.parent_pid,
+                command: process.command,
+                comm: main.comm.clone(),
+                cgroup_id: main.cgroup_id,
+                started_ns: main.started_ns,
+                ended_ns: last.exited_ns,
+                exit: ExitStatus::from_wait_status(last.exit_code),
+                peak_rss_bytes: last.max_rss_bytes,
+                counters: process.counters,
+                tree: tree_label,
+            };
+            ends.push(ProcessEnd::Process(summary.clone()));
+            let Some(tree_id) = process.tree else {
+                continue;
+            };
+            let Some(tree) = self.trees.get_mut(&tree_id) else {
+                continue;
+            };
+            tree.counters.add(&summary.counters);
+            tree.processes += 1;
+            tree.peak_rss_bytes = tree.peak_rss_bytes.max(summary.peak_rss_bytes);
+            tree.ended_ns = tree.ended_ns.max(summary.ended_ns);
+            if summary.pid == tree.label.root_pid {
+                tree.started_ns = summary.started_ns;
+                tree.root = Some(summary);
+            } else if summary.parent_pid == tree.label.root_pid {
+                tree.children.push(summary);
+            }
+            tree.live = tree.live.saturating_sub(1);
+            if tree.live == 0
+                && let Some(tree) = self.trees.remove(&tree_id)
+            {
+                ends.push(ProcessEnd::Tree(Box::new(TreeSummary {
+                    label: tree.label,
+                    command: tree.command,
+                    processes: tree.processes,
+                    started_ns: tree.started_ns,
+                    ended_ns: tree.ended_ns,
+                    counters: tree.counters,
+                    peak_rss_bytes: tree.peak_rss_bytes,
+                    root: tree.root,
+                    children: tree.children,
+                })));
+            }
+        }
+        ends
+    }
+
+    /// True while ended processes wait out [`SETTLE`].
+    pub fn settling(&self) -> bool {
+        !self.ending.is_empty()
+    }
+
+    /// Makes sure a process made before the agent started is known, with its command line,
+    /// and starts its tree if a rule names it.
+    fn known(&mut self, pid: u32, command_of: &dyn Fn(u32) -> Option<String>) {
+        if pid == 0 || self.processes.contains_key(&pid) {
+            return;
+        }
+        let command = command_of(pid);
+        self.processes.insert(
+            pid,
+            Process {
+                command: command.clone(),
+                ..Process::default()
+            },
+        );
+        if let Some(command) = command {
+            self.start_tree(pid, &command);
+        }
+    }
+
+    /// Starts a tree rooted at `pid` if a rule matches its command line.
+    fn start_tree(&mut self, pid: u32, command: &str) {
+        let Some((rule, ids)) = self
+            .rules
+            .iter()
+            .find_map(|rule| rule.ids(command).map(|ids| (rule.name.clone(), ids)))
+        else {
+            return;
+        };
+        let id = self.next_tree;
+        self.next_tree += 1;
+        self.trees.insert(
+            id,
+            Tree {
+                label: TreeLabel {
+                    rule,
+                    ids,
+                    root_pid: pid,
+                },
+                command: command.to_string(),
+                live: 1,
+                processes: 0,
+                started_ns: 0,
+                ended_ns: 0,
+                counters: ProcessCounters::default(),
+                peak_rss_bytes: 0,
+                root: None,
+                children: Vec::new(),
+            },
+        );
+        if let Some(process) = self.processes.get_mut(&pid) {
+            process.tree = Some(id);
+        }
+    }
+}
+
+/// A command line as /proc/PID/cmdline and the exec event give it (arguments each ended by a
+/// NUL), with spaces between the arguments.
+pub fn command_from_args(args: &[u8]) -> String {
+    args.split(|&byte| byte == 0)
+        .filter(|arg| !arg.is_empty())
+        .map(String::from_utf8_lossy)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thread(tid: u32, pid: u32, runtime_ns: u64, utime_ns: u64, stime_ns: u64) -> ThreadTotals {
+        ThreadTotals {
+            tid,
+            pid,
+            started_ns: 1_000,
+            exited_ns: 1_000 + 10 * runtime_ns,
+            runtime_ns,
+            utime_ns,
+            stime_ns,
+            run_delay_ns: runtime_ns,
+            last_of_process: tid == pid,
+            comm: format!("t{tid}"),
+            ..ThreadTotals::default()
+        }
+    }
+
+    fn no_command(_: u32) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn a_process_sums_its_threads_and_splits_user_and_system_like_the_kernel() {
+        let mut tracker = ProcessTracker::new(Vec::new());
+        let now = Instant::now();
+        tracker.apply(
+            ProcessEvent::Forked {
+                pid: 10,
+                parent_pid: 1,
+            },
+            now,
+            &no_command,
+        );
+        tracker.apply(
+            ProcessEvent::ThreadEnded(thread(11, 10, 300, 2, 1)),
+            now,
+            &no_command,
+        );
+        tracker.apply(
+            ProcessEvent::ThreadEnded(ThreadTotals {
+                exit_code: 3 << 8,
+                ..thread(10, 10, 600, 4, 2)
+            }),
+            now,
+            &no_command,
+        );
+        assert!(tracker.take_due(now).is_empty(), "not before it settles");
+        let ends = tracker.take_due(now + SETTLE);
+        let [ProcessEnd::Process(summary)] = ends.as_slice() else {
+            panic!("{ends:?}");
+        };
+        assert_eq!(summary.parent_pid, 1);
+        assert_eq!(summary.exit, ExitStatus::Code(3));
+        assert_eq!(summary.counters.cpu_ns, 900);
+        assert_eq!(summary.counters.threads, 2);
+        // Sampled 6 user : 3 system of a precise 900.
+        assert_eq!(
+            (summary.counters.user_ns, summary.counters.system_ns),
+            (600, 300)
+        );
+        assert_eq!(summary.counters.run_queue_ns, 900);
+        // Lived 10× their runtime: the rest of the life was off the CPU.
+        assert_eq!(summary.counters.off_cpu_ns, 3000 - 600 + 6000 - 1200);
+        assert_eq!(summary.comm, "t10");
+        assert!(!tracker.settling());
+    }
+
+    #[test]
+    fn a_signal_is_told_apart_from_an_exit_code() {
+        assert_eq!(ExitStatus::from_wait_status(9), ExitStatus::Signal(9));
+        assert_eq!(ExitStatus::from_wait_status(0), ExitStatus::Code(0));
+        assert_eq!(ExitStatus::from_wait_status(1 << 8), ExitStatus::Code(1));
+    }
+
+    #[test]
+    fn a_named_tree_takes_in_what_its_processes_fork_and_ends_with_the_last() {
+        let rule = parse_rule("lithops").unwrap();
+        let mut tracker = ProcessTracker::new(vec![rule]);
+        let now = Instant::now();
+        let command = "/usr/bin/python3 /tmp/lithops-root/localhost-runner-v2.py run_job /tmp/lithops-root/jobs/a1b2c3-0-M000/00003.task";
+        tracker.apply(
+            ProcessEvent::Forked {
+                pid: 20,
+                parent_pid: 5,
+            },
+            now,
+            &no_command,
+        );
+        tracker.apply(
+            ProcessEvent::Execed {
+                pid: 20,
+                command: command.into(),
+            },
+            now,
+            &no_command,
+        );
+        tracker.apply(
+            ProcessEvent::Forked {
+                pid: 21,
+                parent_pid: 20,
+            },
+            now,
+            &no_command,
+        );
+        tracker.apply(
+            ProcessEvent::ThreadEnded(thread(21, 21, 5_000, 1, 0)),
+            now,
+            &no_command,
+        );
+        let ends = tracker.take_due(now + SETTLE);
+        assert_eq!(ends.len(), 1, "the child's own summary only: {ends:?}");
+        tracker.apply(
+            ProcessEvent::ThreadEnded(thread(20, 20, 1_000, 1, 1)),
+            now,
+            &no_command,
+        );
+        let ends = tracker.take_due(now + SETTLE);
+        let [ProcessEnd::Process(root), ProcessEnd::Tree(tree)] = ends.as_slice() else {
+            panic!("{ends:?}");
+        };
+        assert_eq!(root.tree.as_ref().unwrap().rule, "lithops");
+        assert_eq!(tree.label.ids["executor"], "a1b2c3-0");
+        assert_eq!(tree.label.ids["job"], "M000");
+        assert_eq!(tree.label.ids["call"], "00003");
+        assert_eq!(tree.processes, 2);
+        assert_eq!(tree.counters.cpu_ns, 6_000);
+        assert_eq!(tree.children.len(), 1);
+        assert_eq!(tree.children[0].pid, 21);
+        assert_eq!(tree.root.as_ref().unwrap().pid, 20);
+    }
+
+    #[test]
+    fn a_tree_rooted_before_the_agent_is_named_from_its_command_line() {
+        let rule = parse_rule("dask:dask worker (?P<name>\\S+)").unwrap();
+        let mut tracker = ProcessTracker::new(vec![rule]);
+        let now = Instant::now();
+        let command_of = |pid: u32| (pid == 7).then(|| "python -m dask worker w1".to_string());
+        tracker.apply(
+            ProcessEvent::Forked {
+                pid: 8,
+                parent_pid: 7,
+            },
+            now,
+            &command_of,
+        );
+        tracker.apply(
+            ProcessEvent::ThreadEnded(thread(8, 8, 10, 1, 0)),
+            now,
+            &command_of,
+        );
+        let ends = tracker.take_due(now + SETTLE);
+        let [ProcessEnd::Process(child)] = ends.as_slice() else {
+            panic!("{ends:?}");
+        };
+        assert_eq!(child.tree.as_ref().unwrap().ids["name"], "w1");
+        assert_eq!(child.command.as_deref(), Some("python -m dask worker w1"));
+    }
+
+    #[test]
+    fn bad_rules_are_one_sentence() {
+        for text in ["nocolon", ":x", "bad name:x", "ok:(unclosed"] {
+            let err = parse_rule(text).unwrap_err();
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+        assert!(parse_rule("etl:python (?P<step>\\w+)").is_ok());
+    }
+
+    #[test]
+    fn command_lines_are_joined_with_spaces() {
+        assert_eq!(
+            command_from_args(b"python\0-c\0print(1)\0"),
+            "python -c print(1)"
+        );
+        assert_eq!(command_from_args(b""), "");
+    }
+}

@@ -1,0 +1,148 @@
+//! Process and process-tree summaries as JSON lines or human lines, and the Lithops call
+//! record (Lithops' own field names, true per-call values).
+
+use serde_json::{Value, json};
+
+use crate::model::{
+    process::{ProcessCounters, ProcessSummary, TreeSummary},
+    summary::Moment,
+};
+
+/// One ended process as a JSON object (`type: process_exit`). `path` is its cgroup's;
+/// `net` says whether socket bytes were measured (null otherwise).
+pub fn process_json(
+    summary: &ProcessSummary,
+    path: Option<&str>,
+    boot_offset_ns: i128,
+    net: bool,
+) -> Value {
+    json!({
+        "type": "process_exit",
+        "pid": summary.pid,
+        "parent_pid": summary.parent_pid,
+        "command": summary.command,
+        "comm": summary.comm,
+        "cgroup_id": summary.cgroup_id,
+        "path": path,
+        "start": Moment::new(summary.started_ns, boot_offset_ns),
+        "end": Moment::new(summary.ended_ns, boot_offset_ns),
+        "lived_ns": summary.ended_ns.saturating_sub(summary.started_ns),
+        "exit": summary.exit,
+        "peak_rss_bytes": summary.peak_rss_bytes,
+        "counters": counters_json(&summary.counters, net),
+        "tree": summary.tree,
+    })
+}
+
+/// One named tree that ended (`type: process_tree_exit`).
+pub fn tree_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) -> Value {
+    json!({
+        "type": "process_tree_exit",
+        "rule": tree.label.rule,
+        "ids": tree.label.ids,
+        "root_pid": tree.label.root_pid,
+        "command": tree.command,
+        "processes": tree.processes,
+        "start": Moment::new(tree.started_ns, boot_offset_ns),
+        "end": Moment::new(tree.ended_ns, boot_offset_ns),
+        "lived_ns": tree.ended_ns.saturating_sub(tree.started_ns),
+        "peak_rss_bytes": tree.peak_rss_bytes,
+        "counters": counters_json(&tree.counters, net),
+    })
+}
+
+/// For a tree the `lithops` rule named, the call's record keyed as Lithops keys its calls,
+/// with Lithops' field names and units (seconds, bytes, epoch seconds) for the whole call's
+/// processes, and the function's own process (the runner's child that used the most CPU) for
+/// the function's timings and peak memory. `None` for other trees.
+pub fn lithops_call_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) -> Option<Value> {
+    if tree.label.rule != "lithops" {
+        return None;
+    }
+    let id = |name: &str| tree.label.ids.get(name).cloned();
+    let seconds = |ns: u64| ns as f64 / 1e9;
+    let epoch = |monotonic_ns: u64| (i128::from(monotonic_ns) + boot_offset_ns) as f64 / 1e9;
+    let function = tree
+        .children
+        .iter()
+        .max_by_key(|child| child.counters.cpu_ns);
+    let bytes = |value: u64| if net { json!(value) } else { Value::Null };
+    Some(json!({
+        "type": "lithops_call",
+        "executor_id": id("executor"),
+        "job_id": id("job"),
+        "call_id": id("call"),
+        "worker_func_cpu_user_time": seconds(tree.counters.user_ns),
+        "worker_func_cpu_system_time": seconds(tree.counters.system_ns),
+        "worker_func_cpu_time": seconds(tree.counters.cpu_ns),
+        "worker_func_sent_net_io": bytes(tree.counters.sent_bytes),
+        "worker_func_recv_net_io": bytes(tree.counters.received_bytes),
+        "worker_func_start_tstamp": function.map(|f| epoch(f.started_ns)),
+        "worker_func_end_tstamp": function.map(|f| epoch(f.ended_ns)),
+        "worker_func_exec_time": function.map(|f| seconds(f.ended_ns.saturating_sub(f.started_ns))),
+        "worker_peak_memory_end": function.map(|f| f.peak_rss_bytes),
+        "function_pid": function.map(|f| f.pid),
+        "function_cpu_time": function.map(|f| seconds(f.counters.cpu_ns)),
+        "processes": tree.processes,
+    }))
+}
+
+/// Counters with their units in their names; bytes null when not measured.
+fn counters_json(counters: &ProcessCounters, net: bool) -> Value {
+    let mut value = serde_json::to_value(counters).unwrap_or(Value::Null);
+    if !net && let Some(object) = value.as_object_mut() {
+        object.insert("sent_bytes".into(), Value::Null);
+        object.insert("received_bytes".into(), Value::Null);
+    }
+    value
+}
+
+/// One ended process as a human line.
+pub fn process_line(summary: &ProcessSummary, path: Option<&str>) -> String {
+    let counters = &summary.counters;
+    format!(
+        "process {} ({}) in {} lived {:.3}s cpu {:.3}s (user {:.3}s system {:.3}s) sent {} B received {} B peak rss {:.1} MB exit {}{}",
+        summary.pid,
+        summary.command.as_deref().unwrap_or(&summary.comm),
+        path.unwrap_or("?"),
+        summary.ended_ns.saturating_sub(summary.started_ns) as f64 / 1e9,
+        counters.cpu_ns as f64 / 1e9,
+        counters.user_ns as f64 / 1e9,
+        counters.system_ns as f64 / 1e9,
+        counters.sent_bytes,
+        counters.received_bytes,
+        summary.peak_rss_bytes as f64 / 1e6,
+        match summary.exit {
+            crate::model::process::ExitStatus::Code(code) => format!("code {code}"),
+            crate::model::process::ExitStatus::Signal(signal) => format!("signal {signal}"),
+        },
+        summary
+            .tree
+            .as_ref()
+            .map(|tree| format!(" [{} {:?}]", tree.rule, tree.ids))
+            .unwrap_or_default(),
+    )
+}
+
+/// One named tree as a human line.
+pub fn tree_line(tree: &TreeSummary) -> String {
+    let ids: Vec<String> = tree
+        .label
+        .ids
+        .iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    format!(
+        "tree {} {} ({} processes) lived {:.3}s cpu {:.3}s (user {:.3}s system {:.3}s) sent {} B received {} B peak rss {:.1} MB",
+        tree.label.rule,
+        ids.join(" "),
+        tree.processes,
+        tree.ended_ns.saturating_sub(tree.started_ns) as f64 / 1e9,
+        tree.counters.cpu_ns as f64 / 1e9,
+        tree.counters.user_ns as f64 / 1e9,
+        tree.counters.system_ns as f64 / 1e9,
+        tree.counters.sent_bytes,
+        tree.counters.received_bytes,
+        tree.peak_rss_bytes as f64 / 1e6,
+    )
+}

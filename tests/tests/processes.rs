@@ -1,0 +1,201 @@
+//! Process workers (`watch --processes`, `--process`): each process's summary against what
+//! wait4 and getrusage say of it, and its bytes against what it counted.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::TcpListener,
+    process::Child,
+    time::Duration,
+};
+
+use serde_json::Value;
+use workerprobe_tests::{TestCgroup, start_agent};
+
+/// Starts `watch --json` with `extra` arguments, runs `work`, then stops the agent once the
+/// last summaries are out and returns its JSON lines.
+fn watch_while(extra: &[&str], work: impl FnOnce()) -> Vec<Value> {
+    let mut args = vec!["watch", "--json"];
+    args.extend_from_slice(extra);
+    let mut agent = start_agent(&args, "attached");
+    let mut stdout = agent.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    work();
+    // Thread records come when the kernel frees each thread (an RCU grace period after its
+    // exit); then the agent lets each process settle.
+    std::thread::sleep(Duration::from_millis(600));
+    stop(&mut agent);
+    let text = reader.join().expect("stdout reader");
+    text.lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|err| panic!("{line:?}: {err}")))
+        .collect()
+}
+
+fn stop(agent: &mut Child) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
+    let status = agent.wait().expect("wait for the agent");
+    assert!(status.success(), "the agent failed: {status:?}");
+}
+
+fn output_lines(child: Child) -> Vec<Value> {
+    let output = child.wait_with_output().expect("wait for the workload");
+    assert!(output.status.success(), "workload failed: {output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("workload JSON"))
+        .collect()
+}
+
+fn u64_of(value: &Value, path: &[&str]) -> u64 {
+    let mut at = value;
+    for name in path {
+        at = &at[*name];
+    }
+    at.as_u64()
+        .unwrap_or_else(|| panic!("{} in {value}", path.join(".")))
+}
+
+fn process_exits(lines: &[Value]) -> impl Iterator<Item = &Value> {
+    lines.iter().filter(|line| line["type"] == "process_exit")
+}
+
+#[test]
+fn five_hundred_short_processes_each_get_a_summary_equal_to_their_rusage() {
+    let cgroup = TestCgroup::new("procs");
+    let pattern = format!("/{}", cgroup.name());
+    let mut children = Vec::new();
+    let lines = watch_while(&["--processes", "--workers", &pattern], || {
+        // 500 children one after another, ~5 ms of CPU each.
+        children = output_lines(cgroup.spawn_workload(&["forks", "500", "5000"]));
+    });
+    assert_eq!(children.len(), 500);
+    let by_pid: std::collections::HashMap<u64, &Value> = process_exits(&lines)
+        .map(|line| (u64_of(line, &["pid"]), line))
+        .collect();
+    let missing: Vec<(usize, u64)> = children
+        .iter()
+        .enumerate()
+        .map(|(index, child)| (index, u64_of(child, &["pid"])))
+        .filter(|(_, pid)| !by_pid.contains_key(pid))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "children without a summary (index, pid): {missing:?} of {} lines",
+        lines.len()
+    );
+    let mut worst_us = 0i64;
+    for child in &children {
+        let pid = u64_of(child, &["pid"]);
+        let summary = by_pid
+            .get(&pid)
+            .unwrap_or_else(|| panic!("no summary of child {pid}: {} lines", lines.len()));
+        let user_us = u64_of(child, &["utime_us"]) as i64;
+        let system_us = u64_of(child, &["stime_us"]) as i64;
+        let ours = |name| (u64_of(summary, &["counters", name]) / 1_000) as i64;
+        // rusage is in whole microseconds, truncated; 1 ms is the issue's tolerance.
+        for (what, kernel, ours) in [
+            ("cpu", user_us + system_us, ours("cpu_ns")),
+            ("user", user_us, ours("user_ns")),
+            ("system", system_us, ours("system_ns")),
+        ] {
+            let off = (ours - kernel).abs();
+            worst_us = worst_us.max(off);
+            assert!(
+                off <= 1_000,
+                "child {pid} {what}: ours {ours} µs, rusage {kernel} µs: {summary}"
+            );
+        }
+        let status = u64_of(child, &["status"]);
+        assert_eq!(
+            summary["exit"]["code"].as_u64(),
+            Some((status >> 8) & 0xff),
+            "{summary}"
+        );
+        assert_eq!(
+            u64_of(summary, &["peak_rss_bytes"]),
+            u64_of(child, &["maxrss_kb"]) * 1024,
+            "peak RSS of {pid}: {summary}"
+        );
+        assert_eq!(summary["path"].as_str(), Some(pattern.as_str()));
+        assert_eq!(u64_of(summary, &["counters", "threads"]), 1);
+    }
+    eprintln!(
+        "500 of 500 short processes summarised; worst CPU difference to rusage {worst_us} µs"
+    );
+}
+
+#[test]
+fn a_named_tree_sums_its_processes_as_rusage_does() {
+    let cgroup = TestCgroup::new("tree");
+    let rule = r"wptree:wp-workload tree (?P<label>\w+)";
+    let mut reported = Vec::new();
+    let label = format!("t{}", std::process::id());
+    let lines = watch_while(&["--process", rule, "--workers", "/nothing-else"], || {
+        reported = output_lines(cgroup.spawn_workload(&["tree", &label, "2", "300"]));
+    });
+    let reported = &reported[0];
+    let trees: Vec<&Value> = lines
+        .iter()
+        .filter(|line| line["type"] == "process_tree_exit" && line["ids"]["label"] == label)
+        .collect();
+    assert_eq!(trees.len(), 1, "one summary of the tree: {lines:?}");
+    let tree = trees[0];
+    assert_eq!(tree["rule"], "wptree");
+    assert_eq!(u64_of(tree, &["processes"]), 3);
+    assert_eq!(u64_of(tree, &["root_pid"]), u64_of(reported, &["pid"]));
+    // The root's own rusage is read just before it exits; its exit path adds a little.
+    let kernel_us = u64_of(reported, &["self_cpu_us"]) + u64_of(reported, &["children_cpu_us"]);
+    let ours_us = u64_of(tree, &["counters", "cpu_ns"]) / 1_000;
+    let off = ours_us.abs_diff(kernel_us);
+    assert!(
+        off * 100 <= kernel_us * 2,
+        "tree CPU {ours_us} µs vs rusage {kernel_us} µs: {tree}"
+    );
+    // Its processes are reported too, labelled, although --workers picks none of them.
+    let members = process_exits(&lines)
+        .filter(|line| line["tree"]["ids"]["label"] == label)
+        .count();
+    assert_eq!(members, 3);
+    eprintln!("tree of 3 processes: CPU {ours_us} µs, rusage {kernel_us} µs");
+}
+
+#[test]
+fn a_process_bytes_are_the_ones_it_counted() {
+    let cgroup = TestCgroup::new("procnet");
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address").to_string();
+    const REPLY: usize = 300_000;
+    let server = std::thread::spawn(move || {
+        for _ in 0..2 {
+            let (mut stream, _) = listener.accept().expect("accept");
+            let mut request = Vec::new();
+            stream.read_to_end(&mut request).expect("read");
+            stream.write_all(&vec![7u8; REPLY]).expect("reply");
+        }
+    });
+    let pattern = format!("/{}", cgroup.name());
+    let mut counted = Vec::new();
+    let lines = watch_while(&["--processes", "--workers", &pattern], || {
+        counted = output_lines(cgroup.spawn_workload(&["fanout", &addr, &addr, "1234567"]));
+    });
+    server.join().expect("server");
+    let counted = &counted[0];
+    let summaries: Vec<&Value> = process_exits(&lines)
+        .filter(|line| line["path"].as_str() == Some(pattern.as_str()))
+        .collect();
+    assert_eq!(summaries.len(), 1, "{lines:?}");
+    let summary = summaries[0];
+    assert_eq!(
+        u64_of(summary, &["counters", "sent_bytes"]),
+        u64_of(counted, &["sent_bytes"])
+    );
+    assert_eq!(
+        u64_of(summary, &["counters", "received_bytes"]),
+        u64_of(counted, &["received_bytes"])
+    );
+    assert_eq!(u64_of(counted, &["received_bytes"]), 2 * REPLY as u64);
+}
