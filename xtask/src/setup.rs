@@ -34,7 +34,12 @@ const APT_PACKAGES: &[&str] = &[
     "podman",
     "runc",
     "busybox-static",
+    // The virtual environment of the frameworks the process-worker tests drive.
+    "python3-venv",
 ];
+
+/// Python frameworks the process-worker tests drive, from PyPI, at the versions tested.
+const PYTHON_FRAMEWORKS: &[&str] = &["lithops==3.8.0"];
 
 /// Where llvm-22-dev puts `llvm-config`, which bpf-linker's build looks up in PATH.
 const LLVM_BIN: &str = "/usr/lib/llvm-22/bin";
@@ -65,7 +70,29 @@ pub fn setup() -> Result<()> {
         install_packages(&missing)
     })?;
     step("bpf-linker (LLVM 22)", !linker_missing, install_bpf_linker)?;
+    python_frameworks()?;
     Ok(())
+}
+
+/// The virtual environment at target/py/venv with [`PYTHON_FRAMEWORKS`], made with Debian's
+/// Python.
+fn python_frameworks() -> Result<()> {
+    let venv = cmd::target_dir()?.join("py").join("venv");
+    let python = venv.join("bin").join("python");
+    let check = "import importlib.metadata as m; assert m.version('lithops') == '3.8.0'";
+    let installed = cmd::probe(Command::new(&python).args(["-c", check])).is_some();
+    step("Python frameworks (PyPI)", installed, || {
+        cmd::run(
+            Command::new("/usr/bin/python3")
+                .args(["-m", "venv"])
+                .arg(&venv),
+        )?;
+        cmd::run(
+            Command::new(venv.join("bin").join("pip"))
+                .args(["install", "--quiet"])
+                .args(PYTHON_FRAMEWORKS),
+        )
+    })
 }
 
 /// Prints the step, runs `install` unless `done`, and reports the outcome.

@@ -254,6 +254,8 @@ pub struct ProcessSummary {
     /// Its command line (its program's, or its parent's if it never started one), when the
     /// agent saw it start or could still read it.
     pub command: Option<String>,
+    /// Whether it started a program of its own (exec) while the agent watched.
+    pub execed: bool,
     /// Its main thread's name.
     pub comm: String,
     /// cgroup v2 id it ended in.
@@ -291,8 +293,10 @@ pub struct TreeSummary {
     pub peak_rss_bytes: u64,
     /// The root's own summary.
     pub root: Option<ProcessSummary>,
-    /// The summaries of the processes the root made (its children), in the order they ended.
-    pub children: Vec<ProcessSummary>,
+    /// Of the processes that ran what their parent ran (forked, no exec of their own), the
+    /// one that used the most CPU: in a framework that forks a process per task (Lithops'
+    /// runner), the process that ran the task.
+    pub busiest_fork: Option<ProcessSummary>,
 }
 
 /// What ended.
@@ -309,6 +313,8 @@ pub enum ProcessEnd {
 struct Process {
     parent_pid: u32,
     command: Option<String>,
+    /// It started a program of its own (else it runs what its parent ran).
+    execed: bool,
     tree: Option<u64>,
     counters: ProcessCounters,
     main: Option<ThreadTotals>,
@@ -327,7 +333,7 @@ struct Tree {
     counters: ProcessCounters,
     peak_rss_bytes: u64,
     root: Option<ProcessSummary>,
-    children: Vec<ProcessSummary>,
+    busiest_fork: Option<ProcessSummary>,
 }
 
 /// Most processes tracked at once; past it the oldest-made tracked are forgotten.
@@ -390,6 +396,7 @@ impl ProcessTracker {
             ProcessEvent::Execed { pid, command } => {
                 let process = self.processes.entry(pid).or_default();
                 process.command = Some(command.clone());
+                process.execed = true;
                 if process.tree.is_none() {
                     self.start_tree(pid, &command);
                 }
@@ -433,6 +440,7 @@ impl ProcessTracker {
                 pid,
                 parent_pid: process.parent_pid,
                 command: process.command,
+                execed: process.execed,
                 comm: main.comm.clone(),
                 cgroup_id: main.cgroup_id,
                 started_ns: main.started_ns,
@@ -456,8 +464,13 @@ impl ProcessTracker {
             if summary.pid == tree.label.root_pid {
                 tree.started_ns = summary.started_ns;
                 tree.root = Some(summary);
-            } else if summary.parent_pid == tree.label.root_pid {
-                tree.children.push(summary);
+            } else if !summary.execed
+                && tree
+                    .busiest_fork
+                    .as_ref()
+                    .is_none_or(|busiest| busiest.counters.cpu_ns < summary.counters.cpu_ns)
+            {
+                tree.busiest_fork = Some(summary);
             }
             tree.live = tree.live.saturating_sub(1);
             if tree.live == 0
@@ -472,7 +485,7 @@ impl ProcessTracker {
                     counters: tree.counters,
                     peak_rss_bytes: tree.peak_rss_bytes,
                     root: tree.root,
-                    children: tree.children,
+                    busiest_fork: tree.busiest_fork,
                 })));
             }
         }
@@ -530,7 +543,7 @@ impl ProcessTracker {
                 counters: ProcessCounters::default(),
                 peak_rss_bytes: 0,
                 root: None,
-                children: Vec::new(),
+                busiest_fork: None,
             },
         );
         if let Some(process) = self.processes.get_mut(&pid) {
@@ -678,8 +691,7 @@ mod tests {
         assert_eq!(tree.label.ids["call"], "00003");
         assert_eq!(tree.processes, 2);
         assert_eq!(tree.counters.cpu_ns, 6_000);
-        assert_eq!(tree.children.len(), 1);
-        assert_eq!(tree.children[0].pid, 21);
+        assert_eq!(tree.busiest_fork.as_ref().unwrap().pid, 21);
         assert_eq!(tree.root.as_ref().unwrap().pid, 20);
     }
 

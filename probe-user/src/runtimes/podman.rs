@@ -29,6 +29,8 @@ const MAX_REMOVED: usize = 4096;
 /// podman's containers, as its storage last listed them (and those it listed recently).
 pub struct Podman {
     known: Arc<Mutex<Known>>,
+    /// The list, once found: read here too when asked for a container not yet known.
+    file: Arc<Mutex<Option<PathBuf>>>,
 }
 
 #[derive(Default)]
@@ -37,6 +39,8 @@ struct Known {
     by_id: HashMap<String, (ContainerInfo, bool)>,
     /// Ids no longer listed, oldest first: they are forgotten beyond [`MAX_REMOVED`].
     removed: VecDeque<String>,
+    /// Ids asked for that the list did not hold when read again for them: not read again.
+    missed: std::collections::HashSet<String>,
 }
 
 /// One container as containers/storage records it.
@@ -65,9 +69,13 @@ impl Podman {
     /// every few seconds until it appears.
     pub fn start(graph_root: &Path) -> Option<Self> {
         let known = Arc::new(Mutex::new(Known::default()));
+        let found = Arc::new(Mutex::new(None));
         match containers_dir(graph_root) {
             Some(dir) => {
                 let file = dir.join(CONTAINERS_FILE);
+                if let Ok(mut found) = found.lock() {
+                    *found = Some(file.clone());
+                }
                 // The watch is made here, before `--user` drops the agent's rights: podman's
                 // storage is root's alone, and a watch keeps working once made.
                 let inotify = watch_dir(&dir);
@@ -87,10 +95,14 @@ impl Podman {
             None if graph_root.exists() || Path::new(PODMAN).exists() => {
                 let root = graph_root.to_path_buf();
                 let watched = Arc::clone(&known);
+                let found_later = Arc::clone(&found);
                 spawn_named(move || {
                     loop {
                         std::thread::sleep(STORAGE_POLL);
                         if let Some(dir) = containers_dir(&root) {
+                            if let Ok(mut found) = found_later.lock() {
+                                *found = Some(dir.join(CONTAINERS_FILE));
+                            }
                             let inotify = watch_dir(&dir);
                             let _ = refresh(&watched, &dir.join(CONTAINERS_FILE));
                             return follow(inotify, &dir, &watched);
@@ -100,13 +112,32 @@ impl Podman {
             }
             None => return None,
         }
-        Some(Self { known })
+        Some(Self { known, file: found })
     }
 
-    /// The container with this full id, if podman listed it.
+    /// The container with this full id, if podman listed it. One the watching thread has not
+    /// yet read of (it may lag on a busy machine, and a short container can be gone before
+    /// it catches up) is looked for in the list at once, once.
     pub fn describe(&self, id: &str) -> Option<ContainerInfo> {
-        let known = self.known.lock().ok()?;
-        known.by_id.get(id).map(|(info, _)| info.clone())
+        let lookup = || {
+            let known = self.known.lock().ok()?;
+            known.by_id.get(id).map(|(info, _)| info.clone())
+        };
+        if let Some(info) = lookup() {
+            return Some(info);
+        }
+        {
+            let mut known = self.known.lock().ok()?;
+            if known.missed.len() >= MAX_REMOVED {
+                known.missed.clear();
+            }
+            if !known.missed.insert(id.to_string()) {
+                return None;
+            }
+        }
+        let file = self.file.lock().ok()?.clone()?;
+        let _ = refresh(&self.known, &file);
+        lookup()
     }
 }
 

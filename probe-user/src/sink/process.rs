@@ -53,8 +53,9 @@ pub fn tree_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) -> Value {
 
 /// For a tree the `lithops` rule named, the call's record keyed as Lithops keys its calls,
 /// with Lithops' field names and units (seconds, bytes, epoch seconds) for the whole call's
-/// processes, and the function's own process (the runner's child that used the most CPU) for
-/// the function's timings and peak memory. `None` for other trees.
+/// processes, and the function's own process (the process the runner forked to run it: the
+/// busiest that did not exec) for the function's timings and peak memory. `None` for other
+/// trees.
 pub fn lithops_call_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) -> Option<Value> {
     if tree.label.rule != "lithops" {
         return None;
@@ -62,10 +63,7 @@ pub fn lithops_call_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) ->
     let id = |name: &str| tree.label.ids.get(name).cloned();
     let seconds = |ns: u64| ns as f64 / 1e9;
     let epoch = |monotonic_ns: u64| (i128::from(monotonic_ns) + boot_offset_ns) as f64 / 1e9;
-    let function = tree
-        .children
-        .iter()
-        .max_by_key(|child| child.counters.cpu_ns);
+    let function = tree.busiest_fork.as_ref();
     let bytes = |value: u64| if net { json!(value) } else { Value::Null };
     Some(json!({
         "type": "lithops_call",

@@ -84,6 +84,7 @@ fn main() {
         "fanout" => fanout(&args[1..args.len() - 1], num(&args[args.len() - 1])),
         "sendfile" => send_file(arg(1), num(arg(2))),
         "forks" => forks(num(arg(1)), num(arg(2))),
+        "rusage-of" => rusage_of(arg(1), &args[2..]),
         "tree" => tree(num(arg(2)), num(arg(3))),
         "nap" => {
             if args.get(3).map(String::as_str) == Some("wait") {
@@ -388,6 +389,34 @@ fn tree(children: u64, burn_ms: u64) {
         cpu_us(libc::RUSAGE_SELF),
         cpu_us(libc::RUSAGE_CHILDREN)
     );
+}
+
+/// Runs `command` as a child and waits for it; writes what wait4 said of its whole life (its
+/// CPU and that of the children it waited for) to `DIR/<child pid>.json`, then exits as it
+/// did. Its output is the command's.
+fn rusage_of(dir: &str, command: &[String]) -> ! {
+    let child = std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .spawn()
+        .expect("start the command");
+    let pid = child.id() as i32;
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is valid for wait4 to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, with writable status and rusage.
+    unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
+    let record = format!(
+        r#"{{"pid":{pid},"args":{:?},"cpu_s":{},"status":{status}}}"#,
+        command.join(" "),
+        seconds(usage.ru_utime) + seconds(usage.ru_stime)
+    );
+    std::fs::write(format!("{dir}/{pid}.json"), record).expect("write the rusage record");
+    std::process::exit(if status & 0x7f == 0 {
+        (status >> 8) & 0xff
+    } else {
+        128 + (status & 0x7f)
+    })
 }
 
 /// Forks a child that runs `work` and exits with its result; returns the child's pid, wait

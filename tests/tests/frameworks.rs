@@ -1,0 +1,185 @@
+//! Real frameworks from PyPI (installed by `cargo xtask setup` into target/py/venv): a
+//! Lithops map on the localhost backend, each call named by the `lithops` preset, against
+//! what the calls counted and what wait4 says of each call's runner (Lithops starts it
+//! through a wrapper that waits for it).
+
+use std::{
+    collections::HashMap,
+    io::Read as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+use workerprobe_tests::{require_root, start_agent, workload_path};
+
+/// The virtual environment `cargo xtask setup` makes, next to the test binaries' target dir.
+fn venv_python() -> PathBuf {
+    let target = workload_path()
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
+    let python = target.join("py").join("venv").join("bin").join("python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `cargo xtask setup`, which installs the frameworks these tests drive",
+        python.display()
+    );
+    python
+}
+
+fn python_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("python")
+}
+
+#[test]
+fn each_lithops_call_gets_its_own_record_with_its_true_cpu_and_bytes() {
+    require_root();
+    const CALLS: usize = 8;
+    const DOWNLOAD: u64 = 5_000_000;
+    let python = venv_python();
+    let rusage_dir = std::env::temp_dir().join(format!("wp-lithops-rusage-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&rusage_dir);
+    std::fs::create_dir_all(&rusage_dir).expect("rusage dir");
+
+    let mut agent = start_agent(&["watch", "--json", "--process", "lithops"], "attached");
+    let mut stdout = agent.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    // Lithops starts each runner as `RUNTIME runner.py run_job TASK`: the runtime is a
+    // wrapper that runs the venv's Python as its child and writes its wait4 rusage.
+    let wrapper = rusage_dir.join("python-measured");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec {} rusage-of {} {} \"$@\"\n",
+            workload_path().display(),
+            rusage_dir.display(),
+            python.display()
+        ),
+    )
+    .expect("write the wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod the wrapper");
+    let driver = Command::new(&python)
+        .arg(python_dir().join("lithops_map.py"))
+        .args([CALLS.to_string(), "0.3".into(), DOWNLOAD.to_string()])
+        .env("WP_LITHOPS_RUNTIME", &wrapper)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run the Lithops map");
+    assert!(
+        driver.status.success(),
+        "the Lithops map failed: {}",
+        String::from_utf8_lossy(&driver.stderr)
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
+    assert!(agent.wait().expect("wait").success());
+    let lines: Vec<Value> = reader
+        .join()
+        .expect("reader")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("JSON line"))
+        .collect();
+
+    // Lithops prints a blank line of its own.
+    let calls: Vec<Value> = String::from_utf8_lossy(&driver.stdout)
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).expect("driver JSON"))
+        .collect();
+    assert_eq!(calls.len(), CALLS);
+    // What wait4 said of each call's runner, by its command line.
+    let rusage: HashMap<String, Value> = std::fs::read_dir(&rusage_dir)
+        .expect("rusage dir")
+        .filter_map(|entry| {
+            let path = entry.expect("entry").path();
+            if path.extension().is_none_or(|ext| ext != "json") {
+                return None;
+            }
+            let text = std::fs::read_to_string(path).expect("read");
+            let value: Value = serde_json::from_str(&text).expect("rusage JSON");
+            let args = value["args"].as_str().expect("args").to_string();
+            args.contains(" run_job ").then_some((args, value))
+        })
+        .collect();
+    assert_eq!(rusage.len(), CALLS, "one rusage record per runner");
+
+    let key = |value: &Value| {
+        (
+            value["executor_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            value["job_id"].as_str().unwrap_or_default().to_string(),
+            value["call_id"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    let records: HashMap<_, &Value> = lines
+        .iter()
+        .filter(|line| line["type"] == "lithops_call")
+        .map(|line| (key(line), line))
+        .collect();
+    assert_eq!(records.len(), CALLS, "one record per call: {lines:?}");
+    for call in &calls {
+        let (executor, job, call_id) = key(call);
+        let record = records
+            .get(&(executor.clone(), job.clone(), call_id.clone()))
+            .unwrap_or_else(|| panic!("no record for {executor}/{job}/{call_id}"));
+        let result = &call["result"];
+        // Bytes: exactly what the call's processes received (its download, headers and all).
+        assert_eq!(
+            record["worker_func_recv_net_io"].as_u64(),
+            result["received"].as_u64(),
+            "{record}"
+        );
+        assert!(result["received"].as_u64().unwrap() > DOWNLOAD);
+        // CPU: the runner's rusage (its function process included: it waits for it); the
+        // call's tree also holds the wrapper, whose own CPU is a few milliseconds.
+        let task = format!("{executor}-{job}/{call_id}.task");
+        let runner = rusage
+            .iter()
+            .find(|(args, _)| args.ends_with(&task))
+            .map(|(_, value)| value)
+            .unwrap_or_else(|| panic!("no rusage for {task}: {rusage:?}"));
+        let kernel_s = runner["cpu_s"].as_f64().unwrap();
+        let ours_s = record["worker_func_cpu_time"].as_f64().unwrap();
+        assert!(
+            (ours_s - kernel_s).abs() <= kernel_s * 0.02,
+            "call {call_id}: CPU {ours_s:.6} s vs the runner's rusage {kernel_s:.6} s: {record}"
+        );
+        assert_eq!(
+            record["processes"], 3,
+            "wrapper, runner, function: {record}"
+        );
+        let user = record["worker_func_cpu_user_time"].as_f64().unwrap();
+        let system = record["worker_func_cpu_system_time"].as_f64().unwrap();
+        assert!((user + system - ours_s).abs() < 1e-6);
+        // The function's own process: what the function measured of its process.
+        assert_eq!(record["function_pid"], result["pid"], "{record}");
+        let function_s = record["function_cpu_time"].as_f64().unwrap();
+        let measured_s = result["process_cpu_s"].as_f64().unwrap();
+        assert!(
+            (function_s - measured_s).abs() <= measured_s * 0.02,
+            "call {call_id}: function process CPU {function_s:.6} s vs its process_time {measured_s:.6} s"
+        );
+        eprintln!(
+            "call {executor}/{job}/{call_id}: received {} B; CPU {ours_s:.4} s (rusage {kernel_s:.4} s); function {function_s:.4} s (process_time {measured_s:.4} s); Lithops said recv {} B, user {} s",
+            record["worker_func_recv_net_io"],
+            call["stats"]["worker_func_recv_net_io"],
+            call["stats"]["worker_func_cpu_user_time"],
+        );
+    }
+    let _ = std::fs::remove_dir_all(&rusage_dir);
+}
