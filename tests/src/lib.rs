@@ -131,6 +131,19 @@ impl Drop for TestCgroup {
     }
 }
 
+/// A child process killed and reaped when dropped, so an agent a failed test started does not
+/// outlive it (a passing test ends its agents itself, through the inner `Child`).
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Path of the workload binary; cargo builds it for this crate's integration tests.
 pub fn workload_path() -> PathBuf {
     built_binary("wp-workload")

@@ -15,7 +15,7 @@ use std::{
 };
 
 use workerprobe::cgroup;
-use workerprobe_tests::{require_root, start_agent, workerprobe_path};
+use workerprobe_tests::{KillOnDrop, require_root, start_agent, workerprobe_path};
 
 const PODMAN: &str = "/usr/bin/podman";
 /// Debian's busybox-static: one static binary, the whole of the image.
@@ -155,13 +155,15 @@ fn podman_containers_appear_by_their_names() {
             .output();
     }
 
-    let mut serve = Command::new(workerprobe_path())
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start serve");
-    let mut serve_err = BufReader::new(serve.stderr.take().expect("stderr"));
+    let mut serve = KillOnDrop(
+        Command::new(workerprobe_path())
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start serve"),
+    );
+    let mut serve_err = BufReader::new(serve.0.stderr.take().expect("stderr"));
     let addr = loop {
         let mut line = String::new();
         assert!(
@@ -176,7 +178,7 @@ fn podman_containers_appear_by_their_names() {
         let mut rest = String::new();
         let _ = serve_err.read_to_string(&mut rest);
     });
-    let mut watch = start_agent(
+    let mut watch = KillOnDrop(start_agent(
         &[
             "watch",
             "--json",
@@ -186,8 +188,8 @@ fn podman_containers_appear_by_their_names() {
             "container:wp-test-*",
         ],
         "attached",
-    );
-    let watch_out = BufReader::new(watch.stdout.take().expect("stdout"));
+    ));
+    let watch_out = BufReader::new(watch.0.stdout.take().expect("stdout"));
     let watch_lines = std::thread::spawn(move || {
         watch_out
             .lines()
@@ -304,11 +306,14 @@ fn podman_containers_appear_by_their_names() {
     std::thread::sleep(Duration::from_millis(1500));
     // SAFETY: kill(2) on our own children.
     unsafe {
-        libc::kill(watch.id() as i32, libc::SIGINT);
-        libc::kill(serve.id() as i32, libc::SIGTERM);
+        libc::kill(watch.0.id() as i32, libc::SIGINT);
+        libc::kill(serve.0.id() as i32, libc::SIGTERM);
     }
-    assert!(watch.wait().expect("wait watch").success(), "watch failed");
-    let _ = serve.wait();
+    assert!(
+        watch.0.wait().expect("wait watch").success(),
+        "watch failed"
+    );
+    let _ = serve.0.wait();
     let exits: Vec<serde_json::Value> = watch_lines
         .join()
         .expect("watch reader")
