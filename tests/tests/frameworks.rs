@@ -1,7 +1,8 @@
 //! Real frameworks from PyPI (installed by `cargo xtask setup` into target/py/venv): a
 //! Lithops map on the localhost backend, each call named by the `lithops` preset, against
 //! what the calls counted and what wait4 says of each call's runner (Lithops starts it
-//! through a wrapper that waits for it).
+//! through a wrapper that waits for it); a Dask LocalCluster's worker processes against
+//! their tasks and the cgroup's cpu.stat.
 
 use std::{
     collections::HashMap,
@@ -12,7 +13,8 @@ use std::{
 };
 
 use serde_json::Value;
-use workerprobe_tests::{require_root, start_agent, workload_path};
+use workerprobe::cgroup;
+use workerprobe_tests::{TestCgroup, require_root, start_agent, workload_path};
 
 /// The virtual environment `cargo xtask setup` makes, next to the test binaries' target dir.
 fn venv_python() -> PathBuf {
@@ -182,4 +184,111 @@ fn each_lithops_call_gets_its_own_record_with_its_true_cpu_and_bytes() {
         );
     }
     let _ = std::fs::remove_dir_all(&rusage_dir);
+}
+
+#[test]
+fn each_dask_worker_process_gets_its_cpu_and_bytes_and_they_add_up_to_the_cgroup() {
+    require_root();
+    const TASKS: u64 = 8;
+    const DOWNLOAD: u64 = 5_000_000;
+    let python = venv_python();
+    let cgroup = TestCgroup::new("dask");
+    let path = format!("/{}", cgroup.name());
+    let mut agent = start_agent(
+        &["watch", "--json", "--processes", "--workers", &path],
+        "attached",
+    );
+    let mut stdout = agent.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let mut command = Command::new(&python);
+    command
+        .arg(python_dir().join("dask_map.py"))
+        .args([
+            "2".to_string(),
+            TASKS.to_string(),
+            "0.3".into(),
+            DOWNLOAD.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let driver = cgroup::spawn_in_cgroup(&mut command, &cgroup.dir)
+        .expect("start the Dask client")
+        .wait_with_output()
+        .expect("wait for the Dask client");
+    assert!(
+        driver.status.success(),
+        "the Dask run failed: {}",
+        String::from_utf8_lossy(&driver.stderr)
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
+    assert!(agent.wait().expect("wait").success());
+    let usage_usec = cgroup.cpu_stat().usage_usec;
+    let lines: Vec<Value> = reader
+        .join()
+        .expect("reader")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("JSON line"))
+        .collect();
+    let told: Vec<Value> = String::from_utf8_lossy(&driver.stdout)
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).expect("driver JSON"))
+        .collect();
+    let (tasks, pids) = told.split_at(told.len() - 1);
+    assert_eq!(tasks.len() as u64, TASKS);
+    let processes: Vec<&Value> = lines
+        .iter()
+        .filter(|line| line["type"] == "process_exit" && line["path"] == path.as_str())
+        .collect();
+    // Every process that ran in the cgroup ended in it: together they are its cpu.stat.
+    let summed_usec = processes
+        .iter()
+        .map(|process| process["counters"]["cpu_ns"].as_u64().unwrap())
+        .sum::<u64>()
+        / 1_000;
+    assert!(
+        summed_usec.abs_diff(usage_usec) * 100 <= usage_usec,
+        "{} processes sum to {summed_usec} µs, the cgroup's cpu.stat says {usage_usec} µs",
+        processes.len()
+    );
+    for pid in pids[0]["worker_pids"].as_array().expect("worker pids") {
+        let worker = processes
+            .iter()
+            .find(|process| process["pid"] == *pid)
+            .unwrap_or_else(|| panic!("no summary of Dask worker {pid}"));
+        let mine: Vec<&Value> = tasks.iter().filter(|task| task["pid"] == *pid).collect();
+        let downloaded: u64 = mine
+            .iter()
+            .map(|task| task["received"].as_u64().unwrap())
+            .sum();
+        let burned: f64 = mine
+            .iter()
+            .map(|task| task["burned_s"].as_f64().unwrap())
+            .sum();
+        let received = worker["counters"]["received_bytes"].as_u64().unwrap();
+        let cpu_s = worker["counters"]["cpu_ns"].as_u64().unwrap() as f64 / 1e9;
+        assert!(
+            received >= downloaded,
+            "worker {pid}: received {received} < {downloaded}"
+        );
+        assert!(
+            cpu_s >= burned,
+            "worker {pid}: CPU {cpu_s} s < its tasks' {burned} s"
+        );
+        eprintln!(
+            "Dask worker {pid}: {} tasks; CPU {cpu_s:.3} s (tasks {burned:.3} s); received {received} B ({downloaded} B downloaded, {} B the cluster's own)",
+            mine.len(),
+            received - downloaded
+        );
+    }
+    eprintln!(
+        "{} processes in the cgroup: {summed_usec} µs, cpu.stat {usage_usec} µs",
+        processes.len()
+    );
 }

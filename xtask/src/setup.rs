@@ -39,7 +39,7 @@ const APT_PACKAGES: &[&str] = &[
 ];
 
 /// Python frameworks the process-worker tests drive, from PyPI, at the versions tested.
-const PYTHON_FRAMEWORKS: &[&str] = &["lithops==3.8.0"];
+const PYTHON_FRAMEWORKS: &[&str] = &["lithops==3.8.0", "distributed==2026.8.0"];
 
 /// Where llvm-22-dev puts `llvm-config`, which bpf-linker's build looks up in PATH.
 const LLVM_BIN: &str = "/usr/lib/llvm-22/bin";
@@ -79,7 +79,7 @@ pub fn setup() -> Result<()> {
 fn python_frameworks() -> Result<()> {
     let venv = cmd::target_dir()?.join("py").join("venv");
     let python = venv.join("bin").join("python");
-    let check = "import importlib.metadata as m; assert m.version('lithops') == '3.8.0'";
+    let check = "import importlib.metadata as m; assert m.version('lithops') == '3.8.0'; assert m.version('distributed') == '2026.8.0'";
     let installed = cmd::probe(Command::new(&python).args(["-c", check])).is_some();
     step("Python frameworks (PyPI)", installed, || {
         cmd::run(

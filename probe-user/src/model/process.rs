@@ -165,7 +165,9 @@ pub struct ProcessCounters {
     pub received_bytes: u64,
     /// Threads that ended.
     pub threads: u64,
+    #[serde(skip)]
     utime_ns: u64,
+    #[serde(skip)]
     stime_ns: u64,
 }
 

@@ -51,11 +51,13 @@ pub fn tree_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) -> Value {
     })
 }
 
-/// For a tree the `lithops` rule named, the call's record keyed as Lithops keys its calls,
-/// with Lithops' field names and units (seconds, bytes, epoch seconds) for the whole call's
-/// processes, and the function's own process (the process the runner forked to run it: the
-/// busiest that did not exec) for the function's timings and peak memory. `None` for other
-/// trees.
+/// For a tree the `lithops` rule named, the call's record keyed as Lithops keys its calls.
+/// Fields named as Lithops names them mean what they mean in Lithops, with the call's true
+/// values (seconds, bytes): CPU and bytes of all the call's processes, and the peak memory of
+/// the function's own process (the process the runner forked to run it: the busiest that
+/// did not exec). The `function_*` fields are workerprobe's: that process's pid, CPU, and
+/// start and end (epoch seconds; Lithops' own `worker_func_*_tstamp` time the call inside
+/// it). `None` for other trees.
 pub fn lithops_call_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) -> Option<Value> {
     if tree.label.rule != "lithops" {
         return None;
@@ -75,12 +77,11 @@ pub fn lithops_call_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) ->
         "worker_func_cpu_time": seconds(tree.counters.cpu_ns),
         "worker_func_sent_net_io": bytes(tree.counters.sent_bytes),
         "worker_func_recv_net_io": bytes(tree.counters.received_bytes),
-        "worker_func_start_tstamp": function.map(|f| epoch(f.started_ns)),
-        "worker_func_end_tstamp": function.map(|f| epoch(f.ended_ns)),
-        "worker_func_exec_time": function.map(|f| seconds(f.ended_ns.saturating_sub(f.started_ns))),
         "worker_peak_memory_end": function.map(|f| f.peak_rss_bytes),
         "function_pid": function.map(|f| f.pid),
         "function_cpu_time": function.map(|f| seconds(f.counters.cpu_ns)),
+        "function_process_start_tstamp": function.map(|f| epoch(f.started_ns)),
+        "function_process_end_tstamp": function.map(|f| epoch(f.ended_ns)),
         "processes": tree.processes,
     }))
 }

@@ -1,0 +1,66 @@
+"""A Dask LocalCluster of worker processes runs tasks that each burn CPU, then download bytes
+over a raw socket from an HTTP server in this, the client's, process. Prints one JSON line
+per task (the worker process that ran it, the CPU it measured, the bytes it received), then
+one line with the worker processes' pids.
+
+Usage: dask_map.py WORKERS TASKS BURN_SECONDS DOWNLOAD_BYTES"""
+import http.server
+import json
+import os
+import sys
+import threading
+
+from dask.distributed import Client, LocalCluster
+
+WORKERS, TASKS = int(sys.argv[1]), int(sys.argv[2])
+BURN_S, DOWNLOAD = float(sys.argv[3]), int(sys.argv[4])
+PAYLOAD = b"x" * DOWNLOAD
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(PAYLOAD)))
+        self.end_headers()
+        self.wfile.write(PAYLOAD)
+
+    def log_message(self, *args):
+        pass
+
+
+def work(index, port, burn_s):
+    import os
+    import socket
+    import time
+
+    started = time.thread_time()
+    x = 0
+    while time.thread_time() - started < burn_s:
+        for i in range(10000):
+            x = (x * 31 + i) % 1000003
+    received = 0
+    with socket.create_connection(("127.0.0.1", port)) as connection:
+        connection.sendall(b"GET /data HTTP/1.0\r\nHost: local\r\n\r\n")
+        while True:
+            chunk = connection.recv(65536)
+            if not chunk:
+                break
+            received += len(chunk)
+    return {"index": index, "pid": os.getpid(), "burned_s": time.thread_time() - started,
+            "received": received}
+
+
+if __name__ == "__main__":
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    cluster = LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True,
+                           dashboard_address=None)
+    client = Client(cluster)
+    futures = client.map(work, range(TASKS), port=port, burn_s=BURN_S, pure=False)
+    for result in client.gather(futures):
+        print(json.dumps(result))
+    pids = sorted(client.run(os.getpid).values())
+    client.close()
+    cluster.close()
+    print(json.dumps({"worker_pids": pids}))
