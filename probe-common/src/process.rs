@@ -1,12 +1,14 @@
 //! Process workers (`watch --processes`): the kernel tells of each process made (fork), each
 //! program started (exec, with its command line) and each thread's final totals, read from the
-//! kernel's own per-thread accounting at its last switch-out, through one ring buffer. Nothing
-//! runs on the scheduler's hot path for it: a thread's CPU time, run-queue wait and context
-//! switches are the kernel's own counters, read once.
+//! kernel's own per-thread accounting at its last switch-out, through one ring buffer. No
+//! per-event accounting is added for it: a thread's CPU time, run-queue wait and context
+//! switches are the kernel's own counters, read once by the sched_switch programs at its last
+//! switch-out (one test of `prev_state` per switch, compiled out when off), and the socket
+//! programs add each call's bytes to the thread's storage.
 
 /// Name of the ring buffer of process events.
 pub const PROCESS_EVENTS_MAP: &str = "PROCESS_EVENTS";
-/// Size of the ring: its reader thread empties it on every wake-up; 1 MiB holds about 9,000
+/// Size of the ring: its reader thread empties it on every wake-up; 1 MiB holds about 7,000
 /// thread records.
 pub const PROCESS_EVENTS_BYTES: u32 = 1024 * 1024;
 /// Global: 1 when process events are wanted; read-only, so the verifier drops their code
@@ -66,16 +68,17 @@ const _: () = assert!(core::mem::size_of::<ProcessExec>() == 24 + ARGS_BYTES);
 pub struct ThreadEnd {
     /// [`THREAD_ENDED`].
     pub kind: u32,
-    /// Thread id; equal to `pid` for the process's main thread, which the kernel frees last.
+    /// Thread id; equal to `pid` for the process's main thread.
     pub tid: u32,
     /// Process id.
     pub pid: u32,
     /// `exit_code` as wait() reports it: `code << 8`, or the signal that ended it.
     pub exit_code: u32,
-    /// Threads of the process still alive (`signal->live`): 0 when this was its last.
+    /// Threads of the process not yet exiting (`signal->live`).
     pub live_threads: u32,
-    /// Padding, zero.
-    pub pad: u32,
+    /// Threads of the process not yet released (`signal->nr_threads`): an exited thread is
+    /// released just before its last switch-out, the main thread only when it is reaped.
+    pub unreleased_threads: u32,
     /// cgroup v2 id the thread ended in.
     pub cgroup_id: u64,
     /// CLOCK_MONOTONIC ns when the thread started.
@@ -127,10 +130,12 @@ pub struct ProcessOffsets {
     pub mm_arg_end: u32,
     /// `signal_struct.live`.
     pub signal_live: u32,
+    /// `signal_struct.nr_threads`.
+    pub signal_nr_threads: u32,
 }
 
 /// Globals holding [`ProcessOffsets`], in field order.
-pub const PROCESS_OFFSET_GLOBALS: [&str; 9] = [
+pub const PROCESS_OFFSET_GLOBALS: [&str; 10] = [
     "TASK_START_TIME_OFFSET",
     "TASK_EXIT_CODE_OFFSET",
     "TASK_NVCSW_OFFSET",
@@ -140,11 +145,12 @@ pub const PROCESS_OFFSET_GLOBALS: [&str; 9] = [
     "MM_ARG_START_OFFSET",
     "MM_ARG_END_OFFSET",
     "SIGNAL_LIVE_OFFSET",
+    "SIGNAL_NR_THREADS_OFFSET",
 ];
 
 impl ProcessOffsets {
     /// The offsets in the order of [`PROCESS_OFFSET_GLOBALS`].
-    pub fn values(&self) -> [u32; 9] {
+    pub fn values(&self) -> [u32; 10] {
         [
             self.task_start_time,
             self.task_exit_code,
@@ -155,6 +161,7 @@ impl ProcessOffsets {
             self.mm_arg_start,
             self.mm_arg_end,
             self.signal_live,
+            self.signal_nr_threads,
         ]
     }
 }

@@ -53,6 +53,8 @@ static MM_ARG_START_OFFSET: Global<u32> = Global::new(0);
 static MM_ARG_END_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static SIGNAL_LIVE_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static SIGNAL_NR_THREADS_OFFSET: Global<u32> = Global::new(0);
 
 /// Whether process events are wanted.
 #[inline(always)]
@@ -174,8 +176,9 @@ pub(crate) fn thread_end(thread: task::Task, sent_bytes: u64, received_bytes: u6
         (*end).tid = task::tid(thread);
         (*end).pid = task::tgid(thread);
         (*end).exit_code = field(thread, TASK_EXIT_CODE_OFFSET.load());
-        (*end).live_threads = field(task::signal(thread), SIGNAL_LIVE_OFFSET.load());
-        (*end).pad = 0;
+        let signal = task::signal(thread);
+        (*end).live_threads = field(signal, SIGNAL_LIVE_OFFSET.load());
+        (*end).unreleased_threads = field(signal, SIGNAL_NR_THREADS_OFFSET.load());
         (*end).cgroup_id = task::cgroup_id(thread);
         (*end).started_ns = field(thread, TASK_START_TIME_OFFSET.load());
         (*end).exited_ns = now_ns();

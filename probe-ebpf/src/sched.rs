@@ -393,15 +393,19 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     if task::tid(prev) == 0 {
         return;
     }
+    let prev_state: u64 = ctx.arg(3);
+    if crate::process::on() && prev_state & crate::process::TASK_DEAD != 0 {
+        // Told even when the thread has no state (its bytes then 0): a lost end would keep
+        // its process from ever ending.
+        let bytes = task::existing_state(prev)
+            .map_or((0, 0), |state| (state.sent_bytes, state.received_bytes));
+        crate::process::thread_end(prev, bytes.0, bytes.1);
+    }
     let Some(state) = task::state(prev) else {
         count_drop(DROP_TASK_STATE);
         return;
     };
     let preempt: u64 = ctx.arg(0);
-    let prev_state: u64 = ctx.arg(3);
-    if crate::process::on() && prev_state & crate::process::TASK_DEAD != 0 {
-        crate::process::thread_end(prev, state.sent_bytes, state.received_bytes);
-    }
     // As the kernel counts nvcsw: a switch is voluntary when the thread left the run queue.
     let voluntary = (preempt & 1) == 0 && (prev_state & 0xffff_ffff) != 0;
     if state.flags & task::SEEN == 0 {

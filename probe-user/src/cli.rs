@@ -265,7 +265,7 @@ pub struct WatchArgs {
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
     /// Also summarise every process that ends in the selected workers' cgroups (pid, command
-    /// line, CPU as its rusage gives it, waits, bytes, peak RSS, exit status).
+    /// line, its own CPU as rusage counts it, waits, bytes, peak RSS, exit status).
     #[arg(long)]
     pub processes: bool,
     /// Name process trees by their command line, NAME:REGEX (named captures become ids) or

@@ -34,6 +34,9 @@ pub trait Source {
 
 /// Lifecycle events kept for a caller that has not asked for them.
 const MAX_PENDING_EVENTS: usize = 65_536;
+/// Process events given at one `drain_process_events` call: every process on the node makes
+/// three or more, and watch calls every 50 ms.
+const PROCESS_EVENTS_PER_PULL: usize = 16_384;
 /// Lifecycle events given at one `drain_events` call (watch and serve call every 50 ms;
 /// record, once a tick, calls until none wait).
 const EVENTS_PER_PULL: usize = 1_024;
@@ -79,6 +82,8 @@ pub struct KernelCollector {
     page_bytes: u64,
     /// Lifecycle events read but not yet taken by `drain_events`.
     pending_events: std::collections::VecDeque<LifecycleEvent>,
+    /// Whether the caller takes events (`drain_events`), so none may be dropped for room.
+    events_taken: bool,
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
     reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
     cgroups: CgroupIndex,
@@ -133,6 +138,7 @@ impl KernelCollector {
             removed_memory_peaks: std::collections::BTreeMap::new(),
             page_bytes: page_bytes(),
             pending_events: std::collections::VecDeque::new(),
+            events_taken: false,
             last_switch,
             reported_on_cpu_ns: std::collections::HashMap::new(),
             cpu_stats,
@@ -164,7 +170,15 @@ impl Source for KernelCollector {
             measured: self.measured,
             ..Sample::default()
         };
-        self.pull_events(usize::MAX);
+        // For a caller that takes events, only the room left in the pending list: the rest
+        // wait in the reader's queue, nothing dropped. One that never does (top) only needs
+        // the paths, and keeps the recent events.
+        let room = if self.events_taken {
+            MAX_PENDING_EVENTS.saturating_sub(self.pending_events.len())
+        } else {
+            usize::MAX
+        };
+        self.pull_events(room);
         let (cpu_per_worker, running) = self.read_cpu_consistently()?;
         for (cgroup_id, per_cpu) in cpu_per_worker {
             sample.workers.entry(cgroup_id).or_default().cpu_per_cpu = per_cpu;
@@ -220,12 +234,13 @@ impl KernelCollector {
     /// (the rest wait for the next call): a backlog waits compact in the reader's queue, so
     /// catching up does not swell the agent.
     pub fn drain_events(&mut self) -> Vec<LifecycleEvent> {
+        self.events_taken = true;
         self.pull_events(EVENTS_PER_PULL);
         let taken = self.pending_events.len().min(EVENTS_PER_PULL);
         self.pending_events.drain(..taken).collect()
     }
 
-    /// Process events since the last call, oldest first, at most [`EVENTS_PER_PULL`]; the
+    /// Process events since the last call, oldest first, at most [`PROCESS_EVENTS_PER_PULL`]; the
     /// first call starts their reader. Empty unless the programs were loaded for processes.
     pub fn drain_process_events(&mut self) -> anyhow::Result<Vec<ProcessEvent>> {
         if self.process_events.is_none()
@@ -241,7 +256,7 @@ impl KernelCollector {
             return Ok(Vec::new());
         };
         Ok(std::iter::from_fn(|| reader.try_next())
-            .take(EVENTS_PER_PULL)
+            .take(PROCESS_EVENTS_PER_PULL)
             .collect())
     }
 

@@ -178,7 +178,7 @@ pub fn decode_process_event(item: &[u8]) -> Option<ProcessEvent> {
             let len = (exec.args_len as usize).min(exec.args.len());
             Some(ProcessEvent::Execed {
                 pid: exec.pid,
-                command: command_from_args(&exec.args[..len]),
+                command: (len > 0).then(|| command_from_args(&exec.args[..len])),
             })
         }
         THREAD_ENDED => {
@@ -188,7 +188,9 @@ pub fn decode_process_event(item: &[u8]) -> Option<ProcessEvent> {
                 tid: end.tid,
                 pid: end.pid,
                 exit_code: end.exit_code,
-                last_of_process: end.live_threads == 0,
+                // Every thread past do_exit's count, and none left unreleased but this one
+                // (or the main thread, released only when reaped).
+                last_of_process: end.live_threads == 0 && end.unreleased_threads <= 1,
                 cgroup_id: end.cgroup_id,
                 started_ns: end.started_ns,
                 exited_ns: end.exited_ns,

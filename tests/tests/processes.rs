@@ -199,3 +199,51 @@ fn a_process_bytes_are_the_ones_it_counted() {
     );
     assert_eq!(u64_of(counted, &["received_bytes"]), 2 * REPLY as u64);
 }
+
+#[test]
+fn a_threaded_process_is_one_summary_even_when_its_main_thread_ends_first() {
+    let cgroup = TestCgroup::new("threads");
+    let pattern = format!("/{}", cgroup.name());
+    let rusage_dir = std::env::temp_dir().join(format!("wp-threads-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&rusage_dir);
+    std::fs::create_dir_all(&rusage_dir).expect("rusage dir");
+    let workload = workerprobe_tests::workload_path();
+    let workload = workload.to_str().expect("UTF-8 path");
+    let dir = rusage_dir.to_str().expect("UTF-8 path");
+    let lines = watch_while(&["--processes", "--workers", &pattern], || {
+        for mode in ["joined", "main-first"] {
+            // The wrapper waits for the threaded process and writes its rusage.
+            let wrapper =
+                cgroup.spawn_workload(&["rusage-of", dir, workload, "threads", "3", "150", mode]);
+            assert!(wrapper.wait_with_output().expect("wait").status.success());
+        }
+    });
+    let records: Vec<Value> = std::fs::read_dir(&rusage_dir)
+        .expect("rusage dir")
+        .map(|entry| {
+            serde_json::from_str(
+                &std::fs::read_to_string(entry.expect("entry").path()).expect("read"),
+            )
+            .expect("rusage JSON")
+        })
+        .collect();
+    assert_eq!(records.len(), 2);
+    for record in &records {
+        let pid = u64_of(record, &["pid"]);
+        let summaries: Vec<&Value> = process_exits(&lines)
+            .filter(|line| u64_of(line, &["pid"]) == pid)
+            .collect();
+        assert_eq!(summaries.len(), 1, "one summary of {pid}: {summaries:?}");
+        let summary = summaries[0];
+        assert_eq!(u64_of(summary, &["counters", "threads"]), 4, "{summary}");
+        let kernel_us = (record["cpu_s"].as_f64().unwrap() * 1e6) as u64;
+        let ours_us = u64_of(summary, &["counters", "cpu_ns"]) / 1_000;
+        assert!(
+            ours_us.abs_diff(kernel_us) <= 1_000,
+            "{}: ours {ours_us} µs, rusage {kernel_us} µs",
+            record["args"]
+        );
+        assert_eq!(summary["exit"]["code"].as_u64(), Some(0));
+    }
+    let _ = std::fs::remove_dir_all(&rusage_dir);
+}

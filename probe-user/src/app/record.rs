@@ -72,8 +72,12 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
         tick += 1;
         let current = watcher.sample()?;
         let mut exits = watcher.poll();
-        // A tick takes every event the agent has heard of, however many workers came and went.
-        while watcher.collector().events_waiting() {
+        // A tick takes every event the agent had heard of by its start, however many workers
+        // came and went (bounded: events go on arriving meanwhile).
+        for _ in 0..64 {
+            if !watcher.collector().events_waiting() {
+                break;
+            }
             exits.extend(watcher.poll());
         }
         let mut lines = encode_tick(tick, &previous, &current, &watcher, &selection, &namer)?;
@@ -83,11 +87,12 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
         previous = current;
         if stop {
             tokio::time::sleep(FINAL_SETTLE).await;
+            let give_up = std::time::Instant::now() + super::watch::FINAL_WAIT;
             loop {
                 let mut lines = Vec::new();
                 encode_exits(&mut lines, &watcher.poll())?;
                 writer.write_tick(&lines)?;
-                if !watcher.settling() {
+                if !watcher.settling() || std::time::Instant::now() >= give_up {
                     break;
                 }
                 tokio::time::sleep(FINAL_SETTLE / 4).await;

@@ -31,6 +31,11 @@ use crate::{
 const SETTLE: Duration = Duration::from_millis(100);
 /// How often the lifecycle ring buffer is read.
 const EVENT_POLL: Duration = Duration::from_millis(50);
+/// Longest wait at the end for what ended before the stop to be summarised.
+pub const FINAL_WAIT: Duration = Duration::from_secs(1);
+/// Lines queued for a reader of the output that is slow to take them; past it the agent
+/// waits for the reader.
+const QUEUED_LINES: usize = 16_384;
 
 /// Follows workers' lives and reports each exit through `emit`.
 pub struct Watcher {
@@ -411,6 +416,14 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
     }
     let collector = super::start_collector_with(&args.probe, processes)?;
     let net = collector.measured().net;
+    if processes && !collector.measured().cpu {
+        // Each thread's end is told by the sched_switch programs.
+        return Err(crate::error::UserError::BadInput(
+            "--processes needs the CPU programs, which this kernel or --programs leaves out: add cpu to --programs"
+                .into(),
+        )
+        .into());
+    }
     let mut watcher = Watcher::new(collector, selection)
         .with_endpoint_namer(args.probe.endpoint_namer())
         .with_level(args.tree.depth);
@@ -465,6 +478,9 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
         if stop {
             // Let removals already told settle, so none is lost at the end.
             tokio::time::sleep(SETTLE).await;
+            // On a busy node something is always settling: what ended before the stop has
+            // settled within a few rounds, so the wait is bounded.
+            let give_up = Instant::now() + FINAL_WAIT;
             loop {
                 for summary in watcher.poll() {
                     output.write(render(&summary, args.json)?);
@@ -472,7 +488,7 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
                 for line in render_processes(&mut watcher, args.json, net)? {
                     output.write(line);
                 }
-                if !watcher.settling() {
+                if !watcher.settling() || Instant::now() >= give_up {
                     break;
                 }
                 tokio::time::sleep(EVENT_POLL).await;
@@ -495,7 +511,7 @@ fn render_processes(watcher: &mut Watcher, json: bool, net: bool) -> anyhow::Res
                     .to_string(),
             ),
             ProcessEnd::Process(summary) => {
-                lines.push(process_sink::process_line(&summary, path.as_deref()));
+                lines.push(process_sink::process_line(&summary, path.as_deref(), net));
             }
             ProcessEnd::Tree(tree) if json => {
                 lines.push(process_sink::tree_json(&tree, boot_offset_ns, net).to_string());
@@ -503,7 +519,7 @@ fn render_processes(watcher: &mut Watcher, json: bool, net: bool) -> anyhow::Res
                     lines.push(call.to_string());
                 }
             }
-            ProcessEnd::Tree(tree) => lines.push(process_sink::tree_line(&tree)),
+            ProcessEnd::Tree(tree) => lines.push(process_sink::tree_line(&tree, net)),
         }
     }
     Ok(lines)
@@ -513,17 +529,19 @@ fn render_processes(watcher: &mut Watcher, json: bool, net: bool) -> anyhow::Res
 /// holds the agent up: removed workers keep being finished (their kernel map entries freed)
 /// while their lines wait here.
 struct LineWriter {
-    lines: Option<std::sync::mpsc::Sender<String>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    lines: Option<std::sync::mpsc::SyncSender<String>>,
+    /// Tells when the thread has written everything (or the reader went away).
+    done: Option<std::sync::mpsc::Receiver<()>>,
     closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LineWriter {
     fn start() -> Self {
-        let (lines, queued) = std::sync::mpsc::channel::<String>();
+        let (lines, queued) = std::sync::mpsc::sync_channel::<String>(QUEUED_LINES);
+        let (finished, done) = std::sync::mpsc::channel();
         let closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let reader_gone = std::sync::Arc::clone(&closed);
-        let thread = std::thread::Builder::new()
+        let started = std::thread::Builder::new()
             .name("stdout".into())
             .spawn(move || {
                 let mut stdout = std::io::stdout().lock();
@@ -533,14 +551,15 @@ impl LineWriter {
                         .is_err()
                     {
                         reader_gone.store(true, std::sync::atomic::Ordering::Relaxed);
-                        return;
+                        break;
                     }
                 }
+                let _ = finished.send(());
             })
-            .ok();
+            .is_ok();
         Self {
-            lines: Some(lines),
-            thread,
+            lines: started.then_some(lines),
+            done: started.then_some(done),
             closed,
         }
     }
@@ -550,18 +569,28 @@ impl LineWriter {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return false;
         }
-        match (&self.lines, &self.thread) {
-            (Some(lines), Some(_)) => lines.send(line).is_ok(),
+        match &self.lines {
+            Some(lines) => lines.send(line).is_ok(),
             // No thread could be started: write here.
-            _ => writeln!(std::io::stdout(), "{line}").is_ok(),
+            None => writeln!(std::io::stdout(), "{line}").is_ok(),
         }
     }
 
-    /// Writes what is queued, then returns.
+    /// Writes what is queued, giving a reader that takes nothing [`FINAL_WAIT`] more.
     fn finish(mut self) {
         self.lines = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        if let Some(done) = self.done.take() {
+            let _ = done.recv_timeout(FINAL_WAIT * 5);
+        }
+    }
+}
+
+impl Drop for LineWriter {
+    /// An early return (an error) still writes what was queued, within the same limit.
+    fn drop(&mut self) {
+        self.lines = None;
+        if let Some(done) = self.done.take() {
+            let _ = done.recv_timeout(FINAL_WAIT * 5);
         }
     }
 }

@@ -93,6 +93,7 @@ pub fn process_offsets(btf: &Btf) -> anyhow::Result<ProcessOffsets> {
         mm_arg_start: member_offset(btf, "mm_struct", &["arg_start"])?,
         mm_arg_end: member_offset(btf, "mm_struct", &["arg_end"])?,
         signal_live: member_offset(btf, "signal_struct", &["live"])?,
+        signal_nr_threads: member_offset(btf, "signal_struct", &["nr_threads"])?,
     })
 }
 

@@ -73,6 +73,9 @@ pub enum ProgramGroup {
     /// What each sleep waited on (network, disk, lock, …): `Delays` with its sched_switch
     /// program reading the sleeping thread's system call. Includes `Delays`.
     Waits,
+    /// Processes made and programs started (sched_process_fork, sched_process_exec), for
+    /// process workers; planned only for `watch --processes`.
+    Processes,
 }
 
 impl ProgramGroup {
@@ -96,6 +99,7 @@ impl ProgramGroup {
             ProgramGroup::Lifecycle => "workers",
             ProgramGroup::Endpoints => "endpoints",
             ProgramGroup::Waits => "waits",
+            ProgramGroup::Processes => "processes",
         }
     }
 
@@ -109,6 +113,7 @@ impl ProgramGroup {
             ProgramGroup::Lifecycle,
             ProgramGroup::Endpoints,
             ProgramGroup::Waits,
+            ProgramGroup::Processes,
         ]
         .into_iter()
         .find(|group| group.name() == name)
@@ -273,7 +278,11 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         }
         Some(NetAttach::Tracepoint) => features.fexit = false,
     }
-    let plan = Plan::new(&options.groups, &features);
+    let mut groups = options.groups.clone();
+    if options.processes && !groups.contains(&ProgramGroup::Processes) {
+        groups.push(ProgramGroup::Processes);
+    }
+    let plan = Plan::new(&groups, &features);
     if !plan.runs_anything() {
         return Err(UserError::NothingToMeasure(plan.notes(&features::kernel_release())).into());
     }

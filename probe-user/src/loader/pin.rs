@@ -194,6 +194,7 @@ impl Meta {
             ("mm_struct.arg_start", loaded.process.mm_arg_start),
             ("mm_struct.arg_end", loaded.process.mm_arg_end),
             ("signal_struct.live", loaded.process.signal_live),
+            ("signal_struct.nr_threads", loaded.process.signal_nr_threads),
         ]
         .into_iter()
         .map(|(name, offset)| (name.to_string(), offset))

@@ -320,7 +320,7 @@ const fn RECVMSG(name: &'static str) -> Need {
 }
 
 const LIFECYCLE: &[Variant] = &[Variant {
-    name: "tp_btf cgroup_mkdir, cgroup_rmdir, sched_process_exit/fork/exec",
+    name: "tp_btf cgroup_mkdir, cgroup_rmdir, sched_process_exit",
     needs: &[
         Need::Tracepoint {
             name: "cgroup_mkdir",
@@ -334,6 +334,20 @@ const LIFECYCLE: &[Variant] = &[Variant {
             name: "sched_process_exit",
             args: 1,
         },
+    ],
+    programs: &[
+        tp("cgroup_mkdir", "cgroup_mkdir"),
+        tp("cgroup_rmdir", "cgroup_rmdir"),
+        tp("process_exit", "sched_process_exit"),
+    ],
+    extras: &[],
+}];
+
+/// Process workers' fork and exec programs; each thread's end comes from the sched_switch
+/// programs.
+const PROCESSES: &[Variant] = &[Variant {
+    name: "tp_btf sched_process_fork, sched_process_exec",
+    needs: &[
         Need::Tracepoint {
             name: "sched_process_fork",
             args: 2,
@@ -343,11 +357,7 @@ const LIFECYCLE: &[Variant] = &[Variant {
             args: 3,
         },
     ],
-    // The process programs return at once unless `watch --processes` loaded them.
     programs: &[
-        tp("cgroup_mkdir", "cgroup_mkdir"),
-        tp("cgroup_rmdir", "cgroup_rmdir"),
-        tp("process_exit", "sched_process_exit"),
         tp("proc_fork", "sched_process_fork"),
         tp("proc_exec", "sched_process_exec"),
     ],
@@ -375,6 +385,7 @@ pub fn variants(group: ProgramGroup) -> &'static [Variant] {
         ProgramGroup::Endpoints => &[],
         ProgramGroup::Waits => WAITS,
         ProgramGroup::Floor => FLOOR,
+        ProgramGroup::Processes => PROCESSES,
     }
 }
 
@@ -387,6 +398,7 @@ pub fn all_needs() -> Vec<Need> {
         ProgramGroup::Lifecycle,
         ProgramGroup::Floor,
         ProgramGroup::Waits,
+        ProgramGroup::Processes,
     ]
     .into_iter()
     .flat_map(variants)
@@ -721,6 +733,7 @@ fn group_description(group: ProgramGroup) -> &'static str {
         ProgramGroup::Endpoints => "bytes and waits per remote endpoint (--programs endpoints)",
         ProgramGroup::Waits => "what each sleep waited on (--programs waits)",
         ProgramGroup::Floor => "the empty benchmark program",
+        ProgramGroup::Processes => "process workers (watch --processes)",
     }
 }
 

@@ -2,9 +2,10 @@
 //! counters, and process trees named by a rule on their command line (`--process`), each
 //! summed when its last process ends.
 //!
-//! A process's CPU time is its threads' own `sum_exec_runtime`, read after each thread left
-//! its last CPU: the figure wait4's rusage gives, split into user and system as the kernel
-//! splits it (tick-sampled shares of the precise total).
+//! A process's CPU time is its threads' own `sum_exec_runtime`, read as each thread left its
+//! last CPU: what wait4's rusage gives for the process itself (without the children it
+//! waited for), split into user and system as the kernel splits it (tick-sampled shares of
+//! the precise total).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -34,8 +35,8 @@ pub enum ProcessEvent {
     Execed {
         /// The process.
         pid: u32,
-        /// Its command line, arguments separated by spaces.
-        command: String,
+        /// Its command line, arguments separated by spaces (`None`: it could not be read).
+        command: Option<String>,
     },
     /// A thread's final counters.
     ThreadEnded(ThreadTotals),
@@ -189,8 +190,12 @@ impl ProcessCounters {
         self.split();
     }
 
+    /// Adds a whole process, as the kernel adds a child's times to its parent's: its own
+    /// user/system split, not a new split of summed samples.
     fn add(&mut self, other: &ProcessCounters) {
         self.cpu_ns += other.cpu_ns;
+        self.user_ns += other.user_ns;
+        self.system_ns += other.system_ns;
         self.utime_ns += other.utime_ns;
         self.stime_ns += other.stime_ns;
         self.run_queue_ns += other.run_queue_ns;
@@ -200,7 +205,6 @@ impl ProcessCounters {
         self.sent_bytes += other.sent_bytes;
         self.received_bytes += other.received_bytes;
         self.threads += other.threads;
-        self.split();
     }
 
     /// User and system as the kernel's cputime_adjust makes them: the precise total, split in
@@ -268,7 +272,7 @@ pub struct ProcessSummary {
     pub ended_ns: u64,
     /// How it ended.
     pub exit: ExitStatus,
-    /// Its largest resident set, bytes (wait4's ru_maxrss).
+    /// Its largest resident set, bytes (its own ru_maxrss).
     pub peak_rss_bytes: u64,
     /// Its threads' counters, summed.
     pub counters: ProcessCounters,
@@ -338,8 +342,14 @@ struct Tree {
     busiest_fork: Option<ProcessSummary>,
 }
 
-/// Most processes tracked at once; past it the oldest-made tracked are forgotten.
-const MAX_PROCESSES: usize = 1 << 20;
+/// Most processes tracked at once (about 300 bytes each); past it new ones are not tracked
+/// (counted in [`ProcessTracker::refused`]).
+const MAX_PROCESSES: usize = 1 << 18;
+/// Most named trees at once; past it no new tree is started.
+const MAX_TREES: usize = 1 << 16;
+/// How long a summarised process's pid is remembered, so a thread of it told too late is
+/// dropped rather than summarised again.
+const ENDED_KEPT: Duration = Duration::from_secs(2);
 
 /// Folds process events into process and tree summaries.
 pub struct ProcessTracker {
@@ -347,8 +357,13 @@ pub struct ProcessTracker {
     processes: HashMap<u32, Process>,
     trees: HashMap<u64, Tree>,
     next_tree: u64,
-    /// Processes whose main thread was freed, due for their summary.
+    /// Processes whose last thread ended, due for their summary.
     ending: VecDeque<(Instant, u32)>,
+    /// Processes summarised in the last [`ENDED_KEPT`], oldest first.
+    ended_order: VecDeque<(Instant, u32)>,
+    ended: std::collections::HashSet<u32>,
+    /// Processes not tracked because [`MAX_PROCESSES`] were.
+    pub refused: u64,
 }
 
 impl ProcessTracker {
@@ -360,6 +375,9 @@ impl ProcessTracker {
             trees: HashMap::new(),
             next_tree: 0,
             ending: VecDeque::new(),
+            ended_order: VecDeque::new(),
+            ended: std::collections::HashSet::new(),
+            refused: 0,
         }
     }
 
@@ -373,6 +391,10 @@ impl ProcessTracker {
     ) {
         match event {
             ProcessEvent::Forked { pid, parent_pid } => {
+                if self.processes.len() >= MAX_PROCESSES {
+                    self.refused += 1;
+                    return;
+                }
                 self.known(parent_pid, command_of);
                 let (command, tree) = self
                     .processes
@@ -382,9 +404,8 @@ impl ProcessTracker {
                 if let Some(tree) = tree.and_then(|id| self.trees.get_mut(&id)) {
                     tree.live += 1;
                 }
-                if self.processes.len() >= MAX_PROCESSES {
-                    return;
-                }
+                // The pid is used again: its threads are this process's.
+                self.ended.remove(&pid);
                 self.processes.insert(
                     pid,
                     Process {
@@ -397,14 +418,21 @@ impl ProcessTracker {
             }
             ProcessEvent::Execed { pid, command } => {
                 let process = self.processes.entry(pid).or_default();
-                process.command = Some(command.clone());
                 process.execed = true;
-                if process.tree.is_none() {
-                    self.start_tree(pid, &command);
+                // An unreadable command line keeps the one it had.
+                if let Some(command) = command {
+                    process.command = Some(command.clone());
+                    if process.tree.is_none() {
+                        self.start_tree(pid, &command);
+                    }
                 }
             }
             ProcessEvent::ThreadEnded(thread) => {
                 let pid = thread.pid;
+                self.forget_ended(now);
+                if self.ended.contains(&pid) {
+                    return; // a thread of a process already summarised, too late
+                }
                 let process = self.processes.entry(pid).or_default();
                 process.counters.add_thread(&thread);
                 // The main thread names the process; it may end before the others.
@@ -431,6 +459,8 @@ impl ProcessTracker {
             let Some(process) = self.processes.remove(&pid) else {
                 continue;
             };
+            self.ended.insert(pid);
+            self.ended_order.push_back((now, pid));
             let (Some(main), Some(last)) = (process.main, process.last) else {
                 continue;
             };
@@ -494,6 +524,17 @@ impl ProcessTracker {
         ends
     }
 
+    /// Forgets the pids summarised more than [`ENDED_KEPT`] ago (a pid may be used again).
+    fn forget_ended(&mut self, now: Instant) {
+        while let Some(&(at, pid)) = self.ended_order.front() {
+            if now.duration_since(at) < ENDED_KEPT {
+                break;
+            }
+            self.ended_order.pop_front();
+            self.ended.remove(&pid);
+        }
+    }
+
     /// True while ended processes wait out [`SETTLE`].
     pub fn settling(&self) -> bool {
         !self.ending.is_empty()
@@ -520,6 +561,9 @@ impl ProcessTracker {
 
     /// Starts a tree rooted at `pid` if a rule matches its command line.
     fn start_tree(&mut self, pid: u32, command: &str) {
+        if self.trees.len() >= MAX_TREES {
+            return;
+        }
         let Some((rule, ids)) = self
             .rules
             .iter()
@@ -658,7 +702,7 @@ mod tests {
         tracker.apply(
             ProcessEvent::Execed {
                 pid: 20,
-                command: command.into(),
+                command: Some(command.into()),
             },
             now,
             &no_command,

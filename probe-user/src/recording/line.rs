@@ -762,7 +762,13 @@ mod tests {
             taken_at: Some(at(ms)),
             workers: [(42, counters)].into_iter().collect(),
             drops: Drops {
-                by_map: vec![drops, 0, 0, 1, 0, 0, 0],
+                by_map: (0..DROP_NAMES.len())
+                    .map(|slot| match slot {
+                        0 => drops,
+                        3 => 1,
+                        _ => 0,
+                    })
+                    .collect(),
             },
         }
     }

@@ -126,6 +126,8 @@ impl Podman {
         if let Some(info) = lookup() {
             return Some(info);
         }
+        // Only once the list is found: until then the watching thread looks for it.
+        let file = self.file.lock().ok()?.clone()?;
         {
             let mut known = self.known.lock().ok()?;
             if known.missed.len() >= MAX_REMOVED {
@@ -135,7 +137,6 @@ impl Podman {
                 return None;
             }
         }
-        let file = self.file.lock().ok()?.clone()?;
         let _ = refresh(&self.known, &file);
         lookup()
     }

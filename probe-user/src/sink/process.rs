@@ -96,11 +96,20 @@ fn counters_json(counters: &ProcessCounters, net: bool) -> Value {
     value
 }
 
+/// Bytes as a human reads them: `n/a` when not measured.
+fn bytes_text(bytes: u64, net: bool) -> String {
+    if net {
+        format!("{bytes} B")
+    } else {
+        "n/a".into()
+    }
+}
+
 /// One ended process as a human line.
-pub fn process_line(summary: &ProcessSummary, path: Option<&str>) -> String {
+pub fn process_line(summary: &ProcessSummary, path: Option<&str>, net: bool) -> String {
     let counters = &summary.counters;
     format!(
-        "process {} ({}) in {} lived {:.3}s cpu {:.3}s (user {:.3}s system {:.3}s) sent {} B received {} B peak rss {:.1} MB exit {}{}",
+        "process {} ({}) in {} lived {:.3}s cpu {:.3}s (user {:.3}s system {:.3}s) sent {} received {} peak rss {:.1} MB exit {}{}",
         summary.pid,
         summary.command.as_deref().unwrap_or(&summary.comm),
         path.unwrap_or("?"),
@@ -108,8 +117,8 @@ pub fn process_line(summary: &ProcessSummary, path: Option<&str>) -> String {
         counters.cpu_ns as f64 / 1e9,
         counters.user_ns as f64 / 1e9,
         counters.system_ns as f64 / 1e9,
-        counters.sent_bytes,
-        counters.received_bytes,
+        bytes_text(counters.sent_bytes, net),
+        bytes_text(counters.received_bytes, net),
         summary.peak_rss_bytes as f64 / 1e6,
         match summary.exit {
             crate::model::process::ExitStatus::Code(code) => format!("code {code}"),
@@ -124,7 +133,7 @@ pub fn process_line(summary: &ProcessSummary, path: Option<&str>) -> String {
 }
 
 /// One named tree as a human line.
-pub fn tree_line(tree: &TreeSummary) -> String {
+pub fn tree_line(tree: &TreeSummary, net: bool) -> String {
     let ids: Vec<String> = tree
         .label
         .ids
@@ -132,7 +141,7 @@ pub fn tree_line(tree: &TreeSummary) -> String {
         .map(|(name, value)| format!("{name}={value}"))
         .collect();
     format!(
-        "tree {} {} ({} processes) lived {:.3}s cpu {:.3}s (user {:.3}s system {:.3}s) sent {} B received {} B peak rss {:.1} MB",
+        "tree {} {} ({} processes) lived {:.3}s cpu {:.3}s (user {:.3}s system {:.3}s) sent {} received {} peak rss {:.1} MB",
         tree.label.rule,
         ids.join(" "),
         tree.processes,
@@ -140,8 +149,8 @@ pub fn tree_line(tree: &TreeSummary) -> String {
         tree.counters.cpu_ns as f64 / 1e9,
         tree.counters.user_ns as f64 / 1e9,
         tree.counters.system_ns as f64 / 1e9,
-        tree.counters.sent_bytes,
-        tree.counters.received_bytes,
+        bytes_text(tree.counters.sent_bytes, net),
+        bytes_text(tree.counters.received_bytes, net),
         tree.peak_rss_bytes as f64 / 1e6,
     )
 }

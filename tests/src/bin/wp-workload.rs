@@ -85,6 +85,11 @@ fn main() {
         "sendfile" => send_file(arg(1), num(arg(2))),
         "forks" => forks(num(arg(1)), num(arg(2))),
         "rusage-of" => rusage_of(arg(1), &args[2..]),
+        "threads" => threads(
+            num(arg(1)),
+            num(arg(2)),
+            args.get(3).map(String::as_str) == Some("main-first"),
+        ),
         "tree" => tree(num(arg(2)), num(arg(3))),
         "nap" => {
             if args.get(3).map(String::as_str) == Some("wait") {
@@ -389,6 +394,22 @@ fn tree(children: u64, burn_ms: u64) {
         cpu_us(libc::RUSAGE_SELF),
         cpu_us(libc::RUSAGE_CHILDREN)
     );
+}
+
+/// `count` threads each burning `burn_ms` of CPU; with `main_first` the main thread ends
+/// (pthread_exit) as soon as they are started, and the process ends with the last of them.
+fn threads(count: u64, burn_ms: u64, main_first: bool) {
+    let handles: Vec<_> = (0..count)
+        .map(|_| std::thread::spawn(move || spin_cpu(Duration::from_millis(burn_ms))))
+        .collect();
+    if main_first {
+        // SAFETY: the raw exit system call ends only the calling thread (exit_group would end
+        // them all); the others run on and the process ends with the last (exit status 0).
+        unsafe { libc::syscall(libc::SYS_exit, 0) };
+    }
+    for handle in handles {
+        handle.join().expect("a thread panicked");
+    }
 }
 
 /// Runs `command` as a child and waits for it; writes what wait4 said of its whole life (its
