@@ -346,6 +346,24 @@ pub fn read_cpu_stat(dir: &Path) -> Option<CpuStatUsec> {
     parse_cpu_stat(&fs::read_to_string(dir.join("cpu.stat")).ok()?)
 }
 
+/// CPU time of a process's running threads, ns (the first field of each thread's
+/// schedstat), leaving out its main thread when `without_main` (ended, waiting to be reaped);
+/// 0 for a process gone.
+pub fn read_process_threads_runtime_ns(pid: u32, without_main: bool) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|task| task.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&tid| !(without_main && tid == pid))
+        .filter_map(|tid| {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
+            text.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
 /// A thread's CPU time so far (`se.sum_exec_runtime`, including the slice it is running now),
 /// from the first field of `/proc/<tid>/schedstat`.
 pub fn read_thread_runtime_ns(tid: u32) -> Option<u64> {

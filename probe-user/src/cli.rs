@@ -95,6 +95,11 @@ pub struct ServeArgs {
     /// them; by default those are summed as `unnamed`, keeping cardinality bounded.
     #[arg(long)]
     pub endpoint_addresses: bool,
+    /// Expose named process trees live, NAME:REGEX or the preset `lithops` (as `watch
+    /// --process`): each tree's CPU so far while it runs, and its final figures for the
+    /// exit grace period. Repeat for several.
+    #[arg(long = "process", value_name = "NAME:REGEX|lithops", value_parser = crate::model::process::parse_rule)]
+    pub process_rules: Vec<crate::model::process::ProcessRule>,
     #[command(flatten)]
     pub workers: WorkerArgs,
     #[command(flatten)]

@@ -247,3 +247,99 @@ fn a_threaded_process_is_one_summary_even_when_its_main_thread_ends_first() {
     }
     let _ = std::fs::remove_dir_all(&rusage_dir);
 }
+
+/// The body of GET /metrics at `addr`.
+fn scrape(addr: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to serve");
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: local\r\n\r\n")
+        .expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    response
+}
+
+/// The value of the sample of `family` whose labels hold `label`.
+fn sample_value(exposition: &str, family: &str, label: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find(|line| line.starts_with(family) && line.contains(label))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
+#[test]
+fn serve_shows_a_named_tree_while_it_runs_and_its_final_cpu_after() {
+    let cgroup = TestCgroup::new("livetree");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("address")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut serve = workerprobe_tests::KillOnDrop(start_agent(
+        &[
+            "serve",
+            "--listen",
+            &addr,
+            "--interval",
+            "250ms",
+            "--process",
+            r"wplive:wp-workload tree (?P<label>\w+)",
+        ],
+        "serving",
+    ));
+    let label = format!("live{}", std::process::id());
+    let tree = cgroup.spawn_workload(&["tree", &label, "2", "1500"]);
+    let selector = format!("label=\"{label}\"");
+    // While it runs: its series, running, with CPU growing.
+    let mut running_cpu = None;
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(100));
+        let text = scrape(&addr);
+        if sample_value(&text, "workerprobe_process_tree_running", &selector) == Some(1.0)
+            && let Some(cpu) = sample_value(
+                &text,
+                "workerprobe_process_tree_cpu_seconds_total",
+                &selector,
+            )
+            && cpu > 0.5
+        {
+            running_cpu = Some(cpu);
+            break;
+        }
+    }
+    let running_cpu = running_cpu.expect("the tree's series while it ran, past 0.5 s of CPU");
+    let reported = output_lines(tree);
+    let kernel_s = (u64_of(&reported[0], &["self_cpu_us"])
+        + u64_of(&reported[0], &["children_cpu_us"])) as f64
+        / 1e6;
+    // After: not running, its final CPU.
+    let mut final_cpu = None;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let text = scrape(&addr);
+        if sample_value(&text, "workerprobe_process_tree_running", &selector) == Some(0.0) {
+            final_cpu = sample_value(
+                &text,
+                "workerprobe_process_tree_cpu_seconds_total",
+                &selector,
+            );
+            assert_eq!(
+                sample_value(&text, "workerprobe_process_tree_processes", &selector),
+                Some(3.0)
+            );
+            break;
+        }
+    }
+    let final_cpu = final_cpu.expect("the tree's final series");
+    assert!(running_cpu < final_cpu, "{running_cpu} then {final_cpu}");
+    assert!(
+        (final_cpu - kernel_s).abs() <= kernel_s * 0.02,
+        "final {final_cpu} s, rusage {kernel_s} s"
+    );
+    stop(&mut serve.0);
+    eprintln!(
+        "live tree: {running_cpu:.3} s while running, {final_cpu:.3} s at the end (rusage {kernel_s:.3} s)"
+    );
+}

@@ -49,14 +49,30 @@ pub async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let selection = Selection::new(&args.workers.patterns)?;
     // Bind first: a wrong address is told before anything is loaded into the kernel.
     let listener = bind(args.listen).await?;
-    let collector = super::start_collector(&args.probe)?;
+    let processes = !args.process_rules.is_empty();
+    if processes && args.probe.pin.is_some() {
+        return Err(crate::error::UserError::BadInput(
+            "--process cannot be used with --pin: drop --pin to follow process trees".into(),
+        )
+        .into());
+    }
+    let collector = super::start_collector_with(&args.probe, processes)?;
     let measured = collector.measured();
-    let mut collection = Collection::new(
-        Watcher::new(collector, selection).with_endpoint_namer(args.probe.endpoint_namer()),
-        measured,
-        args.interval,
-        args.exit_grace,
-    );
+    if processes && !measured.cpu {
+        return Err(crate::error::UserError::BadInput(
+            "--process needs the CPU programs, which this kernel or --programs leaves out: add cpu to --programs"
+                .into(),
+        )
+        .into());
+    }
+    let mut watcher =
+        Watcher::new(collector, selection).with_endpoint_namer(args.probe.endpoint_namer());
+    if processes {
+        watcher = watcher.with_processes(crate::model::process::ProcessTracker::new(
+            args.process_rules.clone(),
+        ));
+    }
+    let mut collection = Collection::new(watcher, measured, args.interval, args.exit_grace);
     collection.node = collection
         .node
         .clone()
@@ -163,6 +179,8 @@ async fn metrics(State(shared): State<Shared>, headers: HeaderMap) -> Response {
 struct Collection {
     watcher: Watcher,
     series: SeriesBook,
+    /// Named process trees (`--process`).
+    trees: crate::model::process::TreeSeriesBook,
     measured: Measured,
     interval: Duration,
     programs: ProgramNames,
@@ -177,6 +195,7 @@ impl Collection {
         Self {
             watcher,
             series: SeriesBook::new(grace),
+            trees: crate::model::process::TreeSeriesBook::new(grace),
             measured,
             interval,
             programs: ProgramNames::default(),
@@ -199,6 +218,8 @@ impl Collection {
             .map(|(name, &total)| ((*name).to_string(), total))
             .collect();
         self.series.expire(now);
+        self.trees.observe(self.watcher.live_trees());
+        self.trees.expire(now);
         self.collection_duration_seconds = started.elapsed().as_secs_f64();
         Ok(self.exposition())
     }
@@ -215,10 +236,17 @@ impl Collection {
                 self.series.exit(&summary, counters, now);
                 changed = true;
             }
+            // Trees only: a series per process would grow without bound.
+            for (end, _) in self.watcher.poll_processes()? {
+                if let crate::model::process::ProcessEnd::Tree(tree) = end {
+                    self.trees.ended(&tree, now);
+                    changed = true;
+                }
+            }
             let exposition = if now >= next_sample {
                 next_sample = now + self.interval;
                 Some(self.collect(now)?)
-            } else if self.series.expire(now) || changed {
+            } else if self.series.expire(now) | self.trees.expire(now) || changed {
                 Some(self.exposition())
             } else {
                 None
@@ -241,6 +269,7 @@ impl Collection {
             endpoint_labels: self.endpoint_labels.clone(),
             node: Some(self.node.clone()),
             clock: crate::clock::ClockQuality::read(),
+            process_trees: self.trees.series(),
             agent: AgentCost {
                 cpu_seconds: agent_cpu_seconds(),
                 resident_memory_bytes: fs::read_to_string("/proc/self/status")

@@ -192,6 +192,13 @@ impl Watcher {
             .collect())
     }
 
+    /// The named trees still running, with their CPU so far (none without process workers).
+    pub fn live_trees(&self) -> Vec<crate::model::process::LiveTree> {
+        self.processes.as_ref().map_or_else(Vec::new, |tracker| {
+            tracker.live_trees(&crate::cgroup::read_process_threads_runtime_ns)
+        })
+    }
+
     /// Like [`Watcher::poll`], each summary with the worker's final cumulative counters, for
     /// sinks that export counters (the Prometheus endpoint keeps them through a grace period).
     pub fn poll_with_counters(&mut self) -> Vec<(ExitSummary, WorkerCounters)> {

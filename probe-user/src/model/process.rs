@@ -283,6 +283,9 @@ pub struct ProcessSummary {
 /// A named tree whose last process ended.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TreeSummary {
+    /// The tracker's id of the tree (as [`LiveTree::id`]).
+    #[serde(skip)]
+    pub id: u64,
     /// The rule, its captures and the root process.
     pub label: TreeLabel,
     /// The root's command line.
@@ -303,6 +306,106 @@ pub struct TreeSummary {
     /// one that used the most CPU: in a framework that forks a process per task (Lithops'
     /// runner), the process that ran the task.
     pub busiest_fork: Option<ProcessSummary>,
+}
+
+/// A named tree while it runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveTree {
+    /// The tracker's id of the tree (its summary ends it).
+    pub id: u64,
+    /// The rule, its captures and the root process.
+    pub label: TreeLabel,
+    /// Processes in it so far, ended and running.
+    pub processes: u64,
+    /// Its CPU time so far, ns.
+    pub cpu_ns: u64,
+}
+
+/// One named tree's series in an exposition.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeSeries {
+    /// The rule, its captures and the root process.
+    pub label: TreeLabel,
+    /// Processes in it so far.
+    pub processes: u64,
+    /// CPU time so far, ns; never lower than an earlier exposition's.
+    pub cpu_ns: u64,
+    /// Whether it still runs.
+    pub running: bool,
+}
+
+/// Named trees for an exposition: running ones as they run, ended ones with their final
+/// figures for a grace period, then gone (bounded like the workers' series).
+#[derive(Debug)]
+pub struct TreeSeriesBook {
+    grace: Duration,
+    running: HashMap<u64, TreeSeries>,
+    ended: VecDeque<(Instant, TreeSeries)>,
+}
+
+impl TreeSeriesBook {
+    /// Ended trees stay `grace`.
+    pub fn new(grace: Duration) -> Self {
+        Self {
+            grace,
+            running: HashMap::new(),
+            ended: VecDeque::new(),
+        }
+    }
+
+    /// Takes the running trees as read now (a tree not among them has ended or is ending).
+    pub fn observe(&mut self, live: Vec<LiveTree>) {
+        let mut running = HashMap::with_capacity(live.len());
+        for tree in live {
+            let before = self.running.get(&tree.id).map_or(0, |series| series.cpu_ns);
+            running.insert(
+                tree.id,
+                TreeSeries {
+                    label: tree.label,
+                    processes: tree.processes,
+                    // A process ending between two reads can be briefly in neither part.
+                    cpu_ns: tree.cpu_ns.max(before),
+                    running: true,
+                },
+            );
+        }
+        self.running = running;
+    }
+
+    /// A tree ended at `now` with these final figures.
+    pub fn ended(&mut self, tree: &TreeSummary, now: Instant) {
+        let before = self
+            .running
+            .remove(&tree.id)
+            .map_or(0, |series| series.cpu_ns);
+        self.ended.push_back((
+            now + self.grace,
+            TreeSeries {
+                label: tree.label.clone(),
+                processes: tree.processes,
+                cpu_ns: tree.counters.cpu_ns.max(before),
+                running: false,
+            },
+        ));
+    }
+
+    /// Drops ended trees past their grace period; true if any went.
+    pub fn expire(&mut self, now: Instant) -> bool {
+        let before = self.ended.len();
+        while self.ended.front().is_some_and(|(until, _)| *until <= now) {
+            self.ended.pop_front();
+        }
+        self.ended.len() != before
+    }
+
+    /// Every series to expose.
+    pub fn series(&self) -> Vec<TreeSeries> {
+        self.running
+            .values()
+            .cloned()
+            .chain(self.ended.iter().map(|(_, series)| series.clone()))
+            .collect()
+    }
 }
 
 /// What ended.
@@ -509,6 +612,7 @@ impl ProcessTracker {
                 && let Some(tree) = self.trees.remove(&tree_id)
             {
                 ends.push(ProcessEnd::Tree(Box::new(TreeSummary {
+                    id: tree_id,
                     label: tree.label,
                     command: tree.command,
                     processes: tree.processes,
@@ -522,6 +626,38 @@ impl ProcessTracker {
             }
         }
         ends
+    }
+
+    /// Every named tree still running, with its CPU so far: its ended processes' final
+    /// counters, and for each live process its ended threads' plus what `live_runtime_ns`
+    /// reads of its running threads (given the pid and whether its main thread has ended,
+    /// so a main thread waiting to be reaped is not counted twice).
+    pub fn live_trees(&self, live_runtime_ns: &dyn Fn(u32, bool) -> u64) -> Vec<LiveTree> {
+        let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
+        for (&pid, process) in &self.processes {
+            let Some(tree) = process.tree else {
+                continue;
+            };
+            if process.last.is_some() {
+                continue; // ended: its summary is on its way into the tree
+            }
+            let main_ended = process.main.as_ref().is_some_and(|main| main.tid == pid);
+            let entry = live.entry(tree).or_default();
+            entry.0 += 1;
+            entry.1 += process.counters.cpu_ns + live_runtime_ns(pid, main_ended);
+        }
+        self.trees
+            .iter()
+            .map(|(id, tree)| {
+                let (processes, cpu_ns) = live.get(id).copied().unwrap_or_default();
+                LiveTree {
+                    id: *id,
+                    label: tree.label.clone(),
+                    processes: tree.processes + processes,
+                    cpu_ns: tree.counters.cpu_ns + cpu_ns,
+                }
+            })
+            .collect()
     }
 
     /// Forgets the pids summarised more than [`ENDED_KEPT`] ago (a pid may be used again).
@@ -676,6 +812,41 @@ mod tests {
         assert_eq!(summary.counters.off_cpu_ns, 3000 - 600 + 6000 - 1200);
         assert_eq!(summary.comm, "t10");
         assert!(!tracker.settling());
+    }
+
+    #[test]
+    fn a_live_tree_adds_its_running_processes_to_its_ended_ones() {
+        let rule = parse_rule("job:job (?P<n>\\d+)").unwrap();
+        let mut tracker = ProcessTracker::new(vec![rule]);
+        let now = Instant::now();
+        let exec = |pid: u32| ProcessEvent::Execed {
+            pid,
+            command: Some("job 7".into()),
+        };
+        tracker.apply(exec(30), now, &no_command);
+        for child in [31, 32] {
+            tracker.apply(
+                ProcessEvent::Forked {
+                    pid: child,
+                    parent_pid: 30,
+                },
+                now,
+                &no_command,
+            );
+        }
+        tracker.apply(
+            ProcessEvent::ThreadEnded(thread(31, 31, 100, 1, 0)),
+            now,
+            &no_command,
+        );
+        let _ = tracker.take_due(now + SETTLE);
+        // Running: 30 (its threads read 1,000) and 32 (2,000); 31 ended with 100.
+        let read = |pid: u32, _| if pid == 30 { 1_000 } else { 2_000 };
+        let trees = tracker.live_trees(&read);
+        assert_eq!(trees.len(), 1);
+        assert_eq!(trees[0].processes, 3);
+        assert_eq!(trees[0].cpu_ns, 3_100);
+        assert_eq!(trees[0].label.ids["n"], "7");
     }
 
     #[test]

@@ -114,6 +114,9 @@ pub struct Exposition {
     pub node: Option<crate::node::NodeFacts>,
     /// The wall clock's quality now, as the kernel sees it.
     pub clock: Option<crate::clock::ClockQuality>,
+    /// Named process trees (`serve --process`): running ones, and ended ones in their grace
+    /// period.
+    pub process_trees: Vec<crate::model::process::TreeSeries>,
 }
 
 /// How endpoint series are labelled: by the `--endpoint` groups, with peers no rule names
@@ -269,6 +272,9 @@ fn encode_exposition(e: &Exposition, encoder: &mut DescriptorEncoder) -> fmt::Re
         )?;
     }
 
+    if !e.process_trees.is_empty() {
+        encode_process_trees(&e.process_trees, encoder)?;
+    }
     if e.measured.cpu {
         let mut per_cpu = Vec::new();
         for w in workers {
@@ -683,6 +689,67 @@ fn with_labels(
     }
 }
 
+/// Named process trees: labelled by rule, root process and the rule's captures.
+fn encode_process_trees(
+    trees: &[crate::model::process::TreeSeries],
+    encoder: &mut DescriptorEncoder,
+) -> fmt::Result {
+    let labels = |tree: &crate::model::process::TreeSeries| -> LabelPairs<'static> {
+        let mut labels: LabelPairs<'static> = vec![
+            ("rule", Cow::Owned(tree.label.rule.clone())),
+            ("root_pid", Cow::Owned(tree.label.root_pid.to_string())),
+        ];
+        for (name, value) in &tree.label.ids {
+            if !matches!(name.as_str(), "rule" | "root_pid" | "node") {
+                labels.push((capture_label(name), Cow::Owned(value.clone())));
+            }
+        }
+        labels
+    };
+    counter_family(
+        encoder,
+        "workerprobe_process_tree_cpu_seconds",
+        "CPU time of a named process tree (--process): its ended processes' and its running ones' so far.",
+        trees
+            .iter()
+            .map(|tree| (labels(tree), seconds(tree.cpu_ns)))
+            .collect(),
+    )?;
+    gauge_family(
+        encoder,
+        "workerprobe_process_tree_processes",
+        "Processes a named process tree has had so far.",
+        trees
+            .iter()
+            .map(|tree| (labels(tree), tree.processes))
+            .collect(),
+    )?;
+    gauge_family(
+        encoder,
+        "workerprobe_process_tree_running",
+        "1 while a named process tree runs, 0 in its grace period after its last process ended.",
+        trees
+            .iter()
+            .map(|tree| (labels(tree), u64::from(tree.running)))
+            .collect(),
+    )
+}
+
+/// A rule's capture name as a label name, kept for the agent's life: the names come from
+/// the rules given at start, so there are few.
+fn capture_label(name: &str) -> &'static str {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(known) = names.iter().find(|known| **known == name) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
+    names.push(leaked);
+    leaked
+}
+
 /// A label set whose values are escaped: cgroup paths may hold any byte but `/` and NUL.
 struct Labels<'a, 'b>(&'a LabelPairs<'b>);
 
@@ -769,6 +836,7 @@ mod tests {
 
     fn exposition() -> Arc<Exposition> {
         Arc::new(Exposition {
+            process_trees: Vec::new(),
             measured: Measured::default(),
             endpoint_labels: EndpointLabels::default(),
             node: Some(crate::node::NodeFacts {
@@ -993,6 +1061,7 @@ mod tests {
             raw_addresses,
         };
         let mut e = Exposition {
+            process_trees: Vec::new(),
             measured: Measured::default(),
             workers: vec![series],
             endpoint_labels: labels(false),
@@ -1204,6 +1273,7 @@ mod tests {
     #[test]
     fn unmeasured_and_empty_families_are_left_out() {
         let exposition = Arc::new(Exposition {
+            process_trees: Vec::new(),
             measured: Measured {
                 lifecycle: true,
                 endpoints: false,
