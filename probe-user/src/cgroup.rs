@@ -346,6 +346,36 @@ pub fn read_cpu_stat(dir: &Path) -> Option<CpuStatUsec> {
     parse_cpu_stat(&fs::read_to_string(dir.join("cpu.stat")).ok()?)
 }
 
+/// Every process running now: (pid, parent pid, command line, `None` when empty or
+/// unreadable), from /proc. One that ends while it is read is left out.
+pub fn running_processes() -> Vec<(u32, u32, Option<String>)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The name may hold spaces and parentheses: the fields follow its last `)`.
+            let after_name = &stat[stat.rfind(')')? + 1..];
+            let parent_pid = after_name.split_whitespace().nth(1)?.parse().ok()?;
+            // Arguments each end in a NUL; joined by spaces, as the rules match them.
+            let command = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .ok()
+                .map(|args| {
+                    args.split(|&byte| byte == 0)
+                        .filter(|arg| !arg.is_empty())
+                        .map(String::from_utf8_lossy)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .filter(|command| !command.is_empty());
+            Some((pid, parent_pid, command))
+        })
+        .collect()
+}
+
 /// CPU time of a process's running threads, ns (the first field of each thread's
 /// schedstat), leaving out its main thread when `without_main` (ended, waiting to be reaped);
 /// 0 for a process gone.

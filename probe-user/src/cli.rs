@@ -467,6 +467,11 @@ pub struct TopArgs {
     /// Show at most this many workers (busiest first).
     #[arg(long, default_value_t = 40, value_parser = parse_count::<usize, 1, 1_000_000>)]
     pub limit: usize,
+    /// Also show named process trees live, NAME:REGEX or the preset `lithops` (as `watch
+    /// --process`), in a table under the workers' (top then prints tables, not the full
+    /// screen). Repeat for several.
+    #[arg(long = "process", value_name = "NAME:REGEX|lithops", value_parser = crate::model::process::parse_rule)]
+    pub process_rules: Vec<crate::model::process::ProcessRule>,
     #[command(flatten)]
     pub workers: WorkerArgs,
     #[command(flatten)]

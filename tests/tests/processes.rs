@@ -343,3 +343,45 @@ fn serve_shows_a_named_tree_while_it_runs_and_its_final_cpu_after() {
         "live tree: {running_cpu:.3} s while running, {final_cpu:.3} s at the end (rusage {kernel_s:.3} s)"
     );
 }
+
+#[test]
+fn top_shows_a_named_tree_that_was_running_before_it_started() {
+    let cgroup = TestCgroup::new("toptree");
+    let label = format!("top{}", std::process::id());
+    let tree = cgroup.spawn_workload(&["tree", &label, "2", "3000"]);
+    // The tree runs before top starts: top finds it among the running processes.
+    std::thread::sleep(Duration::from_millis(300));
+    let top = std::process::Command::new(workerprobe_tests::workerprobe_path())
+        .args([
+            "top",
+            "--once",
+            "--process",
+            r"wptop:wp-workload tree (?P<label>\w+)",
+            "--workers",
+            &format!("/{}", cgroup.name()),
+        ])
+        .output()
+        .expect("run top");
+    assert!(top.status.success(), "top failed: {top:?}");
+    let text = String::from_utf8_lossy(&top.stdout);
+    let row = text
+        .lines()
+        .find(|line| line.starts_with("wptop") && line.contains(&format!("label={label}")))
+        .unwrap_or_else(|| panic!("no row for the tree:\n{text}"));
+    let fields: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(fields[1], "3", "processes: {row}");
+    let percent: f64 = fields[2].parse().expect("CPU%");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    assert!(
+        percent > 0.0 && percent <= 100.0 * cores + 5.0,
+        "CPU% {percent} on {cores} CPUs: {row}"
+    );
+    assert_eq!(fields[4], "run", "{row}");
+    let reported = output_lines(tree);
+    let total: f64 = fields[3].parse().expect("CPU s");
+    let kernel_s = (u64_of(&reported[0], &["self_cpu_us"])
+        + u64_of(&reported[0], &["children_cpu_us"])) as f64
+        / 1e6;
+    assert!(total < kernel_s, "live {total} s, at the end {kernel_s} s");
+    eprintln!("top: {row}");
+}

@@ -102,16 +102,41 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
     use crate::sink::tui::{self, Action, Screen, TopView};
 
     let selection = Selection::new(&args.workers.patterns)?;
+    let processes = !args.process_rules.is_empty();
+    if processes && args.probe.pin.is_some() {
+        return Err(crate::error::UserError::BadInput(
+            "--process cannot be used with --pin: drop --pin to follow process trees".into(),
+        )
+        .into());
+    }
     // The watcher frees removed workers' map entries (their summaries are not shown here).
-    let mut collector =
-        watch::Watcher::new(start_collector(&args.probe)?, selection.clone()).without_memory();
+    let mut collector = watch::Watcher::new(
+        start_collector_with(&args.probe, processes)?,
+        selection.clone(),
+    )
+    .without_memory();
+    if processes {
+        if !collector.collector().measured().cpu {
+            return Err(crate::error::UserError::BadInput(
+                "--process needs the CPU programs, which this kernel or --programs leaves out: add cpu to --programs"
+                    .into(),
+            )
+            .into());
+        }
+        collector = collector.with_processes(crate::model::process::ProcessTracker::new(
+            args.process_rules.clone(),
+        ));
+    }
+    let mut trees = TreeRows::default();
+    // The trees already running: the first table's CPU is what they used in its interval.
+    let _ = trees.update(collector.live_trees(), Vec::new());
     let mut previous = collector.sample()?;
     // Only the active workers' memory is read, each tick (idle ones are not shown).
     let mut memory = crate::memory::MemoryReader::new();
     let mut ticker = tokio::time::interval(args.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await; // the first tick is immediate
-    if std::io::stdout().is_terminal() && !args.once {
+    if std::io::stdout().is_terminal() && !args.once && !processes {
         // The screen owns the terminal: a drop warning is printed once it is restored.
         collector.defer_warning();
         let result: anyhow::Result<()> = async {
@@ -169,6 +194,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => return Ok(()),
         }
         let _ = collector.poll();
+        let ended = collector.poll_processes()?;
         let current = collector.sample()?;
         let mut interval = model::diff(Some(&previous), &current);
         fold(&mut interval, &args.tree, collector.collector());
@@ -176,7 +202,11 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
         memory.read_active(&mut interval, |path| {
             collector.collector().cgroups().dir_of(path)
         });
-        let text = table::render(&interval, args.limit);
+        let mut text = table::render(&interval, args.limit);
+        if processes {
+            let rows = trees.update(collector.live_trees(), ended);
+            text.push_str(&table::render_trees(&rows, args.interval));
+        }
         let mut stdout = std::io::stdout().lock();
         if write!(stdout, "{text}")
             .and_then(|()| stdout.flush())
@@ -189,6 +219,63 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
         }
         let _ = writeln!(stdout);
         previous = current;
+    }
+}
+
+/// Named trees between two of top's tables: each one's CPU in the interval, from its total
+/// now and at the last table.
+#[derive(Default)]
+struct TreeRows {
+    last_cpu_ns: std::collections::HashMap<u64, u64>,
+}
+
+impl TreeRows {
+    /// The rows for this table: running trees, and those that ended since the last.
+    fn update(
+        &mut self,
+        live: Vec<model::process::LiveTree>,
+        ended: Vec<(model::process::ProcessEnd, Option<String>)>,
+    ) -> Vec<table::TreeRow> {
+        let mut rows = Vec::new();
+        let mut seen = std::collections::HashMap::new();
+        let mut row =
+            |id: u64, label: &model::process::TreeLabel, processes, cpu_ns: u64, running| {
+                let before = self.last_cpu_ns.get(&id).copied().unwrap_or(0);
+                let cpu_ns = cpu_ns.max(before);
+                if running {
+                    seen.insert(id, cpu_ns);
+                }
+                rows.push(table::TreeRow {
+                    rule: label.rule.clone(),
+                    ids: label
+                        .ids
+                        .iter()
+                        .map(|(name, value)| format!("{name}={value}"))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    processes,
+                    interval_cpu_ns: cpu_ns - before,
+                    total_cpu_ns: cpu_ns,
+                    running,
+                });
+            };
+        for tree in &live {
+            row(tree.id, &tree.label, tree.processes, tree.cpu_ns, true);
+        }
+        for (end, _) in &ended {
+            if let model::process::ProcessEnd::Tree(tree) = end {
+                row(
+                    tree.id,
+                    &tree.label,
+                    tree.processes,
+                    tree.counters.cpu_ns,
+                    false,
+                );
+            }
+        }
+        self.last_cpu_ns = seen;
+        rows.sort_by_key(|row| std::cmp::Reverse(row.interval_cpu_ns));
+        rows
     }
 }
 

@@ -146,8 +146,10 @@ impl Watcher {
             .collect()
     }
 
-    /// Follows process workers with `tracker` (the programs must have been loaded for them).
-    pub fn with_processes(mut self, tracker: ProcessTracker) -> Self {
+    /// Follows process workers with `tracker` (the programs must have been loaded for them),
+    /// starting with the named trees already running.
+    pub fn with_processes(mut self, mut tracker: ProcessTracker) -> Self {
+        tracker.adopt_running(&crate::cgroup::running_processes());
         self.processes = Some(tracker);
         self
     }

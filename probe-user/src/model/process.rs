@@ -550,6 +550,57 @@ impl ProcessTracker {
         }
     }
 
+    /// Takes in the processes running when the agent started, as (pid, parent pid, command
+    /// line): those a rule names start their trees, with every descendant in them. A process
+    /// already known is left as it is.
+    pub fn adopt_running(&mut self, running: &[(u32, u32, Option<String>)]) {
+        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+        for &(pid, parent_pid, _) in running {
+            children.entry(parent_pid).or_default().push(pid);
+        }
+        for (pid, parent_pid, command) in running {
+            if self.processes.len() >= MAX_PROCESSES {
+                return;
+            }
+            self.processes.entry(*pid).or_insert_with(|| Process {
+                parent_pid: *parent_pid,
+                command: command.clone(),
+                ..Process::default()
+            });
+        }
+        for (pid, _, command) in running {
+            let Some(command) = command else {
+                continue;
+            };
+            if self
+                .processes
+                .get(pid)
+                .is_none_or(|process| process.tree.is_some())
+            {
+                continue;
+            }
+            self.start_tree(*pid, command);
+            let Some(tree) = self.processes.get(pid).and_then(|process| process.tree) else {
+                continue;
+            };
+            // Its descendants join, depth first.
+            let mut pending = children.get(pid).cloned().unwrap_or_default();
+            while let Some(child) = pending.pop() {
+                let Some(process) = self.processes.get_mut(&child) else {
+                    continue;
+                };
+                if process.tree.is_some() {
+                    continue;
+                }
+                process.tree = Some(tree);
+                if let Some(tree) = self.trees.get_mut(&tree) {
+                    tree.live += 1;
+                }
+                pending.extend(children.get(&child).cloned().unwrap_or_default());
+            }
+        }
+    }
+
     /// Summaries due by `now`: each ended process, and each named tree whose last process
     /// ended (after its processes' own summaries).
     pub fn take_due(&mut self, now: Instant) -> Vec<ProcessEnd> {
@@ -847,6 +898,24 @@ mod tests {
         assert_eq!(trees[0].processes, 3);
         assert_eq!(trees[0].cpu_ns, 3_100);
         assert_eq!(trees[0].label.ids["n"], "7");
+    }
+
+    #[test]
+    fn a_tree_running_before_the_agent_is_adopted_with_its_descendants() {
+        let rule = parse_rule("job:job (?P<n>\\d+)").unwrap();
+        let mut tracker = ProcessTracker::new(vec![rule]);
+        tracker.adopt_running(&[
+            (1, 0, Some("init".into())),
+            (40, 1, Some("job 9".into())),
+            (41, 40, Some("job 9".into())),
+            (42, 41, None),
+            (50, 1, Some("other".into())),
+        ]);
+        let trees = tracker.live_trees(&|_, _| 10);
+        assert_eq!(trees.len(), 1, "{trees:?}");
+        assert_eq!(trees[0].label.root_pid, 40);
+        assert_eq!(trees[0].processes, 3);
+        assert_eq!(trees[0].cpu_ns, 30);
     }
 
     #[test]

@@ -258,3 +258,45 @@ mod tests {
         assert_eq!(lines.len(), 4);
     }
 }
+
+/// One named process tree in top's table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeRow {
+    /// The rule that named it.
+    pub rule: String,
+    /// Its captures, `name=value` separated by spaces.
+    pub ids: String,
+    /// Processes so far.
+    pub processes: u64,
+    /// CPU in the interval, ns.
+    pub interval_cpu_ns: u64,
+    /// CPU so far, ns.
+    pub total_cpu_ns: u64,
+    /// False for a tree that ended in the interval.
+    pub running: bool,
+}
+
+/// The named process trees, busiest first: CPU in the interval as % of one CPU, and so far.
+pub fn render_trees(rows: &[TreeRow], interval: std::time::Duration) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "\nprocess trees: {}", rows.len());
+    let _ = writeln!(
+        out,
+        "{:<10} {:>6} {:>7} {:>10} {:<6} IDS",
+        "RULE", "PROCS", "CPU%", "CPU s", "STATE"
+    );
+    let interval_ns = interval.as_nanos().max(1) as f64;
+    for row in rows {
+        let _ = writeln!(
+            out,
+            "{:<10} {:>6} {:>7.1} {:>10.3} {:<6} {}",
+            row.rule,
+            row.processes,
+            row.interval_cpu_ns as f64 / interval_ns * 100.0,
+            row.total_cpu_ns as f64 / 1e9,
+            if row.running { "run" } else { "ended" },
+            row.ids
+        );
+    }
+    out
+}
