@@ -54,6 +54,10 @@ enum Task {
         /// check; CI runs everything.
         #[arg(long)]
         no_vm: bool,
+        /// When every step is green, write the kernel matrix and the VMs' per-event costs
+        /// into README.md and BENCHMARKS.md (as `vm-test --update-docs`).
+        #[arg(long)]
+        update_docs: bool,
         /// Extra arguments for the host's integration test binaries, after `--` (e.g.
         /// `--nocapture`).
         #[arg(last = true)]
@@ -102,7 +106,11 @@ fn dispatch(cli: Cli) -> Result<()> {
         Task::Setup => setup::setup(),
         Task::Build { release } => build(release),
         Task::Run { release, args } => run(release, args),
-        Task::Test { no_vm, args } => test(no_vm, args),
+        Task::Test {
+            no_vm,
+            update_docs,
+            args,
+        } => test(no_vm, update_docs, args),
         Task::Bench(args) => bench::bench(args),
         Task::VmTest(args) => vm::vm_test(&args),
         Task::Fuzz(args) => fuzz::fuzz(&args),
@@ -171,7 +179,7 @@ struct TestStep {
 
 /// `cargo xtask test`: every step in order, stopping at the first failure; the kernel matrix
 /// (this host, then each VM) runs every environment and fails after printing its table.
-fn test(no_vm: bool, extra_args: Vec<OsString>) -> Result<()> {
+fn test(no_vm: bool, update_docs: bool, extra_args: Vec<OsString>) -> Result<()> {
     // Checked first so a user without root learns it before minutes of clippy and tests.
     if !cmd::is_root() {
         bail!("the integration tests need root: run `sudo -E cargo xtask test`");
@@ -202,7 +210,7 @@ fn test(no_vm: bool, extra_args: Vec<OsString>) -> Result<()> {
             )?);
         }
     }
-    vm::finish(&rows, false).context("test step `kernel matrix` failed")?;
+    vm::finish(&rows, update_docs && !no_vm).context("test step `kernel matrix` failed")?;
     for TestStep { name, mut command } in after {
         println!("==> {name}: {}", cmd::describe(&command));
         cmd::run(&mut command).with_context(|| format!("test step `{name}` failed"))?;
