@@ -347,7 +347,7 @@ pub fn read_cpu_stat(dir: &Path) -> Option<CpuStatUsec> {
 }
 
 /// Every process running now: (pid, parent pid, command line, `None` when empty or
-/// unreadable), from /proc. One that ends while it is read is left out.
+/// unreadable), from /proc. One that ends while it is read, and zombies, are left out.
 pub fn running_processes() -> Vec<(u32, u32, Option<String>)> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -356,10 +356,15 @@ pub fn running_processes() -> Vec<(u32, u32, Option<String>)> {
         .filter_map(Result::ok)
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+            let stat = String::from_utf8_lossy(&stat);
             // The name may hold spaces and parentheses: the fields follow its last `)`.
-            let after_name = &stat[stat.rfind(')')? + 1..];
-            let parent_pid = after_name.split_whitespace().nth(1)?.parse().ok()?;
+            let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+            // A zombie (or one being reaped) has ended already: no thread of it will.
+            if matches!(fields.next()?, "Z" | "X" | "x") {
+                return None;
+            }
+            let parent_pid = fields.next()?.parse().ok()?;
             // Arguments each end in a NUL; joined by spaces, as the rules match them.
             let command = std::fs::read(format!("/proc/{pid}/cmdline"))
                 .ok()

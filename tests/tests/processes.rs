@@ -88,6 +88,7 @@ fn five_hundred_short_processes_each_get_a_summary_equal_to_their_rusage() {
         lines.len()
     );
     let mut worst_us = 0i64;
+    let mut split_off = Vec::new();
     for child in &children {
         let pid = u64_of(child, &["pid"]);
         let summary = by_pid
@@ -97,17 +98,22 @@ fn five_hundred_short_processes_each_get_a_summary_equal_to_their_rusage() {
         let system_us = u64_of(child, &["stime_us"]) as i64;
         let ours = |name| (u64_of(summary, &["counters", name]) / 1_000) as i64;
         // rusage is in whole microseconds, truncated; 1 ms is the tolerance.
-        for (what, kernel, ours) in [
-            ("cpu", user_us + system_us, ours("cpu_ns")),
-            ("user", user_us, ours("user_ns")),
-            ("system", system_us, ours("system_ns")),
-        ] {
-            let off = (ours - kernel).abs();
-            worst_us = worst_us.max(off);
-            assert!(
-                off <= 1_000,
-                "child {pid} {what}: ours {ours} µs, rusage {kernel} µs: {summary}"
-            );
+        let kernel = user_us + system_us;
+        let off = (ours("cpu_ns") - kernel).abs();
+        worst_us = worst_us.max(off);
+        assert!(
+            off <= 1_000,
+            "child {pid} CPU: ours {} µs, rusage {kernel} µs: {summary}",
+            ours("cpu_ns")
+        );
+        assert_eq!(
+            u64_of(summary, &["counters", "user_ns"]) + u64_of(summary, &["counters", "system_ns"]),
+            u64_of(summary, &["counters", "cpu_ns"])
+        );
+        // The kernel's split remembers earlier reads of the process's times (a /proc reader
+        // on the machine): the split may move by what ran before such a read, rarely.
+        if (ours("user_ns") - user_us).abs() > 1_000 {
+            split_off.push((pid, user_us, ours("user_ns")));
         }
         let status = u64_of(child, &["status"]);
         assert_eq!(
@@ -123,8 +129,14 @@ fn five_hundred_short_processes_each_get_a_summary_equal_to_their_rusage() {
         assert_eq!(summary["path"].as_str(), Some(pattern.as_str()));
         assert_eq!(u64_of(summary, &["counters", "threads"]), 1);
     }
+    assert!(
+        split_off.len() <= children.len() / 50,
+        "user/system split off rusage's by more than 1 ms for {} children (pid, rusage user, ours): {split_off:?}",
+        split_off.len()
+    );
     eprintln!(
-        "500 of 500 short processes summarised; worst CPU difference to rusage {worst_us} µs"
+        "500 of 500 short processes summarised; worst CPU difference to rusage {worst_us} µs; user/system split off by > 1 ms: {}",
+        split_off.len()
     );
 }
 
@@ -291,7 +303,7 @@ fn serve_shows_a_named_tree_while_it_runs_and_its_final_cpu_after() {
     ));
     let label = format!("live{}", std::process::id());
     let tree = cgroup.spawn_workload(&["tree", &label, "2", "1500"]);
-    let selector = format!("label=\"{label}\"");
+    let selector = format!("id_label=\"{label}\"");
     // While it runs: its series, running, with CPU growing.
     let mut running_cpu = None;
     for _ in 0..100 {

@@ -188,13 +188,21 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
         }
         return result;
     }
+    // Trees that ended between tables; the process ring is read every 50 ms meanwhile, as
+    // watch and serve read it, so a long --interval does not let it fill.
+    let mut ended = Vec::new();
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
+            _ = tokio::time::sleep(std::time::Duration::from_millis(50)), if processes => {
+                ended.extend(collector.poll_processes()?);
+                continue;
+            }
             _ = tokio::signal::ctrl_c() => return Ok(()),
         }
         let _ = collector.poll();
-        let ended = collector.poll_processes()?;
+        ended.extend(collector.poll_processes()?);
+        let ended = std::mem::take(&mut ended);
         let current = collector.sample()?;
         let mut interval = model::diff(Some(&previous), &current);
         fold(&mut interval, &args.tree, collector.collector());
@@ -205,7 +213,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
         let mut text = table::render(&interval, args.limit);
         if processes {
             let rows = trees.update(collector.live_trees(), ended);
-            text.push_str(&table::render_trees(&rows, args.interval));
+            text.push_str(&table::render_trees(&rows, trees.elapsed));
         }
         let mut stdout = std::io::stdout().lock();
         if write!(stdout, "{text}")
@@ -227,6 +235,9 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
 #[derive(Default)]
 struct TreeRows {
     last_cpu_ns: std::collections::HashMap<u64, u64>,
+    /// When the last rows were made, and the time since the one before.
+    last_at: Option<std::time::Instant>,
+    elapsed: std::time::Duration,
 }
 
 impl TreeRows {
@@ -274,6 +285,11 @@ impl TreeRows {
             }
         }
         self.last_cpu_ns = seen;
+        let now = std::time::Instant::now();
+        self.elapsed = self
+            .last_at
+            .map_or(std::time::Duration::ZERO, |at| now - at);
+        self.last_at = Some(now);
         rows.sort_by_key(|row| std::cmp::Reverse(row.interval_cpu_ns));
         rows
     }

@@ -115,10 +115,29 @@ pub fn parse_rule(text: &str) -> Result<ProcessRule, String> {
         ));
     }
     match Regex::new(pattern) {
-        Ok(pattern) => Ok(ProcessRule {
-            name: name.into(),
-            pattern,
-        }),
+        Ok(pattern) => {
+            // Captures become ids, and label names in Prometheus.
+            let label_like = |capture: &str| {
+                let mut chars = capture.chars();
+                chars
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            };
+            if let Some(bad) = pattern
+                .capture_names()
+                .flatten()
+                .find(|capture| !label_like(capture))
+            {
+                return Err(format!(
+                    "`{bad}` is not a capture name workerprobe can use: use letters, digits and '_', starting with a letter"
+                ));
+            }
+            Ok(ProcessRule {
+                name: name.into(),
+                pattern,
+            })
+        }
         Err(_) => Err(format!(
             "`{pattern}` is not a valid regular expression; check its brackets and escapes (Rust regex syntax, named captures as (?P<name>...))"
         )),
@@ -208,7 +227,10 @@ impl ProcessCounters {
     }
 
     /// User and system as the kernel's cputime_adjust makes them: the precise total, split in
-    /// the proportion of the tick-sampled times.
+    /// the proportion of the tick-sampled times. The kernel also keeps each split it has
+    /// given (`prev_cputime`) so later ones never go back: a process whose times were read
+    /// while it ran (/proc/PID/stat, times()) can have its rusage split shifted from this by
+    /// up to what it ran before that read; the total is the same.
     fn split(&mut self) {
         let sampled = self.utime_ns + self.stime_ns;
         self.system_ns = match (self.utime_ns, self.stime_ns) {
@@ -255,7 +277,8 @@ pub struct TreeLabel {
 pub struct ProcessSummary {
     /// Process id.
     pub pid: u32,
-    /// The process that made it (0: made before the agent started).
+    /// The process that made it (0: unknown, made before the agent started and gone before
+    /// it could be read).
     pub parent_pid: u32,
     /// Its command line (its program's, or its parent's if it never started one), when the
     /// agent saw it start or could still read it.
@@ -424,6 +447,8 @@ struct Process {
     command: Option<String>,
     /// It started a program of its own (else it runs what its parent ran).
     execed: bool,
+    /// Found running when the agent started (from /proc), not told by a fork.
+    adopted: bool,
     tree: Option<u64>,
     counters: ProcessCounters,
     main: Option<ThreadTotals>,
@@ -494,6 +519,14 @@ impl ProcessTracker {
     ) {
         match event {
             ProcessEvent::Forked { pid, parent_pid } => {
+                if self
+                    .processes
+                    .get(&pid)
+                    .is_some_and(|process| process.adopted && process.last.is_none())
+                {
+                    // Told before the agent read /proc, which found it already: as it is.
+                    return;
+                }
                 if self.processes.len() >= MAX_PROCESSES {
                     self.refused += 1;
                     return;
@@ -565,9 +598,33 @@ impl ProcessTracker {
             self.processes.entry(*pid).or_insert_with(|| Process {
                 parent_pid: *parent_pid,
                 command: command.clone(),
+                adopted: true,
                 ..Process::default()
             });
         }
+        let named = |command: &Option<String>| {
+            command
+                .as_deref()
+                .is_some_and(|command| self.rules.iter().any(|rule| rule.pattern.is_match(command)))
+        };
+        let parent_of: HashMap<u32, (u32, bool)> = running
+            .iter()
+            .map(|(pid, parent_pid, command)| (*pid, (*parent_pid, named(command))))
+            .collect();
+        // A named process inside another named one's tree is not a tree of its own.
+        let named_ancestor = |mut pid: u32| {
+            for _ in 0..running.len() {
+                let Some(&(parent, _)) = parent_of.get(&pid) else {
+                    return false;
+                };
+                match parent_of.get(&parent) {
+                    Some(&(_, true)) => return true,
+                    Some(_) if parent != pid => pid = parent,
+                    _ => return false,
+                }
+            }
+            false
+        };
         for (pid, _, command) in running {
             let Some(command) = command else {
                 continue;
@@ -576,6 +633,7 @@ impl ProcessTracker {
                 .processes
                 .get(pid)
                 .is_none_or(|process| process.tree.is_some())
+                || named_ancestor(*pid)
             {
                 continue;
             }
@@ -689,12 +747,14 @@ impl ProcessTracker {
             let Some(tree) = process.tree else {
                 continue;
             };
-            if process.last.is_some() {
-                continue; // ended: its summary is on its way into the tree
-            }
-            let main_ended = process.main.as_ref().is_some_and(|main| main.tid == pid);
             let entry = live.entry(tree).or_default();
             entry.0 += 1;
+            if process.last.is_some() {
+                // Ended, its summary on its way into the tree: its final counters.
+                entry.1 += process.counters.cpu_ns;
+                continue;
+            }
+            let main_ended = process.main.as_ref().is_some_and(|main| main.tid == pid);
             entry.1 += process.counters.cpu_ns + live_runtime_ns(pid, main_ended);
         }
         self.trees
@@ -1010,7 +1070,14 @@ mod tests {
 
     #[test]
     fn bad_rules_are_one_sentence() {
-        for text in ["nocolon", ":x", "bad name:x", "ok:(unclosed"] {
+        for text in [
+            "nocolon",
+            ":x",
+            "bad name:x",
+            "ok:(unclosed",
+            "ok:(?P<a.b>x)",
+            "ok:(?P<é>x)",
+        ] {
             let err = parse_rule(text).unwrap_err();
             assert_eq!(err.lines().count(), 1, "{err}");
         }

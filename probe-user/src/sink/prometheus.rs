@@ -689,7 +689,7 @@ fn with_labels(
     }
 }
 
-/// Named process trees: labelled by rule, root process and the rule's captures.
+/// Named process trees: labelled by rule, root process and the rule's captures (`id_NAME`).
 fn encode_process_trees(
     trees: &[crate::model::process::TreeSeries],
     encoder: &mut DescriptorEncoder,
@@ -699,10 +699,9 @@ fn encode_process_trees(
             ("rule", Cow::Owned(tree.label.rule.clone())),
             ("root_pid", Cow::Owned(tree.label.root_pid.to_string())),
         ];
+        // Prefixed, so no capture collides with another label or a target's (`job`).
         for (name, value) in &tree.label.ids {
-            if !matches!(name.as_str(), "rule" | "root_pid" | "node") {
-                labels.push((capture_label(name), Cow::Owned(value.clone())));
-            }
+            labels.push((capture_label(name), Cow::Owned(value.clone())));
         }
         labels
     };
@@ -735,17 +734,18 @@ fn encode_process_trees(
     )
 }
 
-/// A rule's capture name as a label name, kept for the agent's life: the names come from
-/// the rules given at start, so there are few.
+/// A rule's capture name as a label name (`id_` and the name, which `parse_rule` checked),
+/// kept for the agent's life: the names come from the rules given at start, so there are few.
 fn capture_label(name: &str) -> &'static str {
     static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let label = format!("id_{name}");
     let mut names = NAMES
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(known) = names.iter().find(|known| **known == name) {
+    if let Some(known) = names.iter().find(|known| **known == label) {
         return known;
     }
-    let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
+    let leaked: &'static str = Box::leak(label.into_boxed_str());
     names.push(leaked);
     leaked
 }
