@@ -11,6 +11,11 @@ pub const PROCESS_EVENTS_MAP: &str = "PROCESS_EVENTS";
 /// Size of the ring: its reader thread empties it on every wake-up; 1 MiB holds about 7,000
 /// thread records.
 pub const PROCESS_EVENTS_BYTES: u32 = 1024 * 1024;
+/// Name of the per-CPU map of each process's CPU time on each CPU (pid → ns), kept by the
+/// sched_switch programs for process workers and taken by user space at the process's end.
+pub const PROCESS_CPU_MAP: &str = "PROCESS_CPU";
+/// Processes `PROCESS_CPU` holds.
+pub const PROCESS_CPU_ENTRIES: u32 = 65_536;
 /// Global: 1 when process events are wanted; read-only, so the verifier drops their code
 /// from the programs when it is 0.
 pub const PROCESSES_ON_GLOBAL: &str = "PROCESSES_ON";

@@ -14,22 +14,43 @@ use aya_ebpf::{
     Global,
     helpers::{bpf_ktime_get_ns, generated::bpf_probe_read_user},
     macros::{btf_tracepoint, map},
-    maps::RingBuf,
+    maps::{PerCpuHashMap, RingBuf},
     programs::BtfTracePointContext,
 };
 use probe_common::{
     drops::DROP_PROCESS_EVENTS,
     process::{
-        ARGS_BYTES, PROCESS_EVENTS_BYTES, PROCESS_EXECED, PROCESS_FORKED, ProcessExec, ProcessFork,
-        THREAD_ENDED, ThreadEnd,
+        ARGS_BYTES, PROCESS_CPU_ENTRIES, PROCESS_EVENTS_BYTES, PROCESS_EXECED, PROCESS_FORKED,
+        ProcessExec, ProcessFork, THREAD_ENDED, ThreadEnd,
     },
 };
 
-use crate::{sched::count_drop, task};
+use crate::{
+    sched::{BPF_F_NO_PREALLOC, count_drop},
+    task,
+};
 
 /// Process events, oldest first.
 #[map]
 static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
+
+/// pid → CPU time of its threads on this CPU (process workers' per-CPU split). Not an LRU
+/// map: its lookups cost a third more per context switch (bpf_stats); user space frees each
+/// process's entry at its end.
+#[map]
+static PROCESS_CPU: PerCpuHashMap<u32, u64> =
+    PerCpuHashMap::with_max_entries(PROCESS_CPU_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Adds a slice of `pid`'s on this CPU (called by the sched_switch programs).
+#[inline(always)]
+pub(crate) fn add_cpu(pid: u32, slice_ns: u64) {
+    if let Some(total) = PROCESS_CPU.get_ptr_mut(pid) {
+        // SAFETY: this CPU's value; no other writer while we run.
+        unsafe { *total += slice_ns };
+    } else {
+        let _ = PROCESS_CPU.insert(pid, slice_ns, 0);
+    }
+}
 
 /// 1 when process events are wanted (set by the loader; read-only).
 #[unsafe(no_mangle)]

@@ -431,6 +431,9 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     let runtime_ns = task::sum_exec_runtime_ns(prev);
     let slice_ns = runtime_ns.saturating_sub(state.accounted_runtime_ns);
     state.accounted_runtime_ns = runtime_ns;
+    if crate::process::on() {
+        crate::process::add_cpu(task::tgid(prev), slice_ns);
+    }
     if DELAYS {
         if state.state != RUNNING {
             // Back on a CPU without a wakeup we saw.

@@ -12,7 +12,7 @@ use probe_common::{
     net::{
         ENDPOINT_COUNTS_MAP, ENDPOINTS_MAP, EndpointKey, EndpointStats, NET_STATS_MAP, NetStats,
     },
-    process::PROCESS_EVENTS_MAP,
+    process::{PROCESS_CPU_MAP, PROCESS_EVENTS_MAP},
 };
 
 use crate::{
@@ -73,6 +73,8 @@ pub struct KernelCollector {
     process_ring: Option<RingBuf<MapData>>,
     /// The process ring, emptied by its own thread once asked for.
     process_events: Option<RingReader<ProcessEvent>>,
+    /// Each process's CPU time per CPU, for process workers (absent from a pinned set).
+    process_cpu: Option<PerCpuHashMap<MapData, u32, u64>>,
     /// Largest resident set of each worker's exited processes, per CPU (pages).
     process_peaks: PerCpuHashMap<MapData, u64, u64>,
     /// Removed cgroups' memory cgroup peaks (bytes), as their removal events told, until
@@ -126,6 +128,9 @@ impl KernelCollector {
         let process_ring = take(PROCESS_EVENTS_MAP)
             .ok()
             .and_then(|map| RingBuf::try_from(map).ok());
+        let process_cpu = take(PROCESS_CPU_MAP)
+            .ok()
+            .and_then(|map| PerCpuHashMap::try_from(map).ok());
         let process_peaks = PerCpuHashMap::try_from(take(PROCESS_PEAKS_MAP)?)
             .with_context(|| format!("map {PROCESS_PEAKS_MAP}"))?;
         let measured = probe.measured();
@@ -134,6 +139,7 @@ impl KernelCollector {
             events,
             process_ring,
             process_events: None,
+            process_cpu,
             process_peaks,
             removed_memory_peaks: std::collections::BTreeMap::new(),
             page_bytes: page_bytes(),
@@ -351,6 +357,20 @@ impl KernelCollector {
         self.cgroups.forget(cgroup_id);
         self.names.forget(cgroup_id);
         Some(worker)
+    }
+
+    /// A process's CPU time on each CPU as the sched_switch programs added it up, then its
+    /// entry is freed; empty when the programs kept none for it.
+    pub fn take_process_cpu(&mut self, pid: u32) -> Vec<u64> {
+        let Some(map) = self.process_cpu.as_mut() else {
+            return Vec::new();
+        };
+        let per_cpu = map
+            .get(&pid, 0)
+            .map(|values| values.iter().copied().collect())
+            .unwrap_or_default();
+        let _ = map.remove(&pid);
+        per_cpu
     }
 
     /// The memory peaks the kernel kept for a removed worker, then their entries are freed.

@@ -165,6 +165,15 @@ fn each_lithops_call_gets_its_own_record_with_its_true_cpu_and_bytes() {
             record["processes"], 3,
             "wrapper, runner, function: {record}"
         );
+        // Per core, % of the call's wall time: each within a core's 100%, together the CPU.
+        let usage = record["worker_func_cpu_usage"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no per-core use: {record}"));
+        assert!(
+            usage
+                .iter()
+                .all(|core| (0.0..=100.0).contains(&core.as_f64().unwrap()))
+        );
         let user = record["worker_func_cpu_user_time"].as_f64().unwrap();
         let system = record["worker_func_cpu_system_time"].as_f64().unwrap();
         assert!((user + system - ours_s).abs() < 1e-6);

@@ -397,3 +397,36 @@ fn top_shows_a_named_tree_that_was_running_before_it_started() {
     assert!(total < kernel_s, "live {total} s, at the end {kernel_s} s");
     eprintln!("top: {row}");
 }
+
+#[test]
+fn a_process_pinned_to_one_cpu_has_its_cpu_time_there() {
+    let cgroup = TestCgroup::new("pinned");
+    let pattern = format!("/{}", cgroup.name());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = cpus - 1;
+    let mut pid = 0;
+    let lines = watch_while(&["--processes", "--workers", &pattern], || {
+        let child = cgroup.spawn_workload(&["pinned-spin", "300", "2", &cpu.to_string()]);
+        pid = u64::from(child.id());
+        let _ = output_lines(child);
+    });
+    let summary = process_exits(&lines)
+        .find(|line| u64_of(line, &["pid"]) == pid)
+        .unwrap_or_else(|| panic!("no summary of {pid}"));
+    let per_cpu: Vec<u64> = summary["cpu_ns_per_cpu"]
+        .as_array()
+        .expect("per CPU")
+        .iter()
+        .map(|ns| ns.as_u64().expect("ns"))
+        .collect();
+    let total = u64_of(summary, &["counters", "cpu_ns"]);
+    assert_eq!(per_cpu.iter().sum::<u64>(), total, "{summary}");
+    assert!(per_cpu.len() >= cpus, "{summary}");
+    // Pinned after exec: only its start ran elsewhere.
+    assert!(
+        per_cpu[cpu] as f64 >= total as f64 * 0.95,
+        "CPU {cpu} has {} of {total} ns: {per_cpu:?}",
+        per_cpu[cpu]
+    );
+    eprintln!("pinned to CPU {cpu}: {per_cpu:?} of {total} ns");
+}

@@ -169,7 +169,8 @@ impl Watcher {
         for event in self.collector.drain_process_events()? {
             tracker.apply(event, now, &command_of);
         }
-        let ends = tracker.take_due(now);
+        let collector = &mut self.collector;
+        let ends = tracker.take_due(now, &mut |pid| collector.take_process_cpu(pid));
         let cgroups = self.collector.cgroups();
         Ok(ends
             .into_iter()

@@ -361,6 +361,24 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         )
         .override_global(MEMCG_WATERMARK_OFFSET_GLOBAL, &memory.memcg_watermark, true)
         .map_max_entries(probe_common::memory::PROCESS_PEAKS_MAP, options.max_workers)
+        // The process workers' ring costs kernel memory whole: at its smallest unless asked
+        // for.
+        .map_max_entries(
+            probe_common::process::PROCESS_CPU_MAP,
+            if options.processes {
+                probe_common::process::PROCESS_CPU_ENTRIES
+            } else {
+                1
+            },
+        )
+        .map_max_entries(
+            probe_common::process::PROCESS_EVENTS_MAP,
+            if options.processes {
+                probe_common::process::PROCESS_EVENTS_BYTES
+            } else {
+                4096
+            },
+        )
         .map_max_entries(probe_common::cpu::CPU_STATS_MAP, options.max_workers)
         .map_max_entries(probe_common::net::NET_STATS_MAP, options.max_workers)
         .map_max_entries(probe_common::net::ENDPOINTS_MAP, options.max_endpoints)

@@ -299,6 +299,9 @@ pub struct ProcessSummary {
     pub peak_rss_bytes: u64,
     /// Its threads' counters, summed.
     pub counters: ProcessCounters,
+    /// Its CPU time on each CPU, ns: the switch programs' per-CPU slices, scaled to add up
+    /// to `counters.cpu_ns` (empty when none were kept).
+    pub cpu_ns_per_cpu: Vec<u64>,
     /// The named tree it belongs to.
     pub tree: Option<TreeLabel>,
 }
@@ -321,6 +324,8 @@ pub struct TreeSummary {
     pub ended_ns: u64,
     /// Every process's counters, summed.
     pub counters: ProcessCounters,
+    /// Its CPU time on each CPU, ns (its processes' summed).
+    pub cpu_ns_per_cpu: Vec<u64>,
     /// The largest resident set of any of its processes, bytes.
     pub peak_rss_bytes: u64,
     /// The root's own summary.
@@ -465,6 +470,7 @@ struct Tree {
     started_ns: u64,
     ended_ns: u64,
     counters: ProcessCounters,
+    cpu_ns_per_cpu: Vec<u64>,
     peak_rss_bytes: u64,
     root: Option<ProcessSummary>,
     busiest_fork: Option<ProcessSummary>,
@@ -661,7 +667,12 @@ impl ProcessTracker {
 
     /// Summaries due by `now`: each ended process, and each named tree whose last process
     /// ended (after its processes' own summaries).
-    pub fn take_due(&mut self, now: Instant) -> Vec<ProcessEnd> {
+    /// `per_cpu_of` gives a process's CPU time per CPU as kept (taking it).
+    pub fn take_due(
+        &mut self,
+        now: Instant,
+        per_cpu_of: &mut dyn FnMut(u32) -> Vec<u64>,
+    ) -> Vec<ProcessEnd> {
         let mut ends = Vec::new();
         while let Some(&(due, pid)) = self.ending.front() {
             if due > now {
@@ -691,6 +702,7 @@ impl ProcessTracker {
                 ended_ns: last.exited_ns,
                 exit: ExitStatus::from_wait_status(last.exit_code),
                 peak_rss_bytes: last.max_rss_bytes,
+                cpu_ns_per_cpu: scaled_to(per_cpu_of(pid), process.counters.cpu_ns),
                 counters: process.counters,
                 tree: tree_label,
             };
@@ -702,6 +714,12 @@ impl ProcessTracker {
                 continue;
             };
             tree.counters.add(&summary.counters);
+            if tree.cpu_ns_per_cpu.len() < summary.cpu_ns_per_cpu.len() {
+                tree.cpu_ns_per_cpu.resize(summary.cpu_ns_per_cpu.len(), 0);
+            }
+            for (sum, cpu_ns) in tree.cpu_ns_per_cpu.iter_mut().zip(&summary.cpu_ns_per_cpu) {
+                *sum += cpu_ns;
+            }
             tree.processes += 1;
             tree.peak_rss_bytes = tree.peak_rss_bytes.max(summary.peak_rss_bytes);
             tree.ended_ns = tree.ended_ns.max(summary.ended_ns);
@@ -728,6 +746,7 @@ impl ProcessTracker {
                     started_ns: tree.started_ns,
                     ended_ns: tree.ended_ns,
                     counters: tree.counters,
+                    cpu_ns_per_cpu: tree.cpu_ns_per_cpu,
                     peak_rss_bytes: tree.peak_rss_bytes,
                     root: tree.root,
                     busiest_fork: tree.busiest_fork,
@@ -834,6 +853,7 @@ impl ProcessTracker {
                 started_ns: 0,
                 ended_ns: 0,
                 counters: ProcessCounters::default(),
+                cpu_ns_per_cpu: Vec::new(),
                 peak_rss_bytes: 0,
                 root: None,
                 busiest_fork: None,
@@ -843,6 +863,24 @@ impl ProcessTracker {
             process.tree = Some(id);
         }
     }
+}
+
+/// `per_cpu` scaled to add up to `total_ns` (the exact total; the per-CPU slices miss a
+/// thread's slices before the agent saw it run), the rounding left on the busiest CPU.
+fn scaled_to(per_cpu: Vec<u64>, total_ns: u64) -> Vec<u64> {
+    let sum: u128 = per_cpu.iter().map(|&ns| u128::from(ns)).sum();
+    if sum == 0 {
+        return Vec::new();
+    }
+    let mut scaled: Vec<u64> = per_cpu
+        .iter()
+        .map(|&ns| (u128::from(ns) * u128::from(total_ns) / sum) as u64)
+        .collect();
+    let rest = total_ns - scaled.iter().sum::<u64>();
+    if let Some(busiest) = (0..scaled.len()).max_by_key(|&cpu| per_cpu[cpu]) {
+        scaled[busiest] += rest;
+    }
+    scaled
 }
 
 /// A command line as /proc/PID/cmdline and the exec event give it (arguments each ended by a
@@ -904,8 +942,11 @@ mod tests {
             now,
             &no_command,
         );
-        assert!(tracker.take_due(now).is_empty(), "not before it settles");
-        let ends = tracker.take_due(now + SETTLE);
+        assert!(
+            tracker.take_due(now, &mut |_| Vec::new()).is_empty(),
+            "not before it settles"
+        );
+        let ends = tracker.take_due(now + SETTLE, &mut |_| vec![1, 3]);
         let [ProcessEnd::Process(summary)] = ends.as_slice() else {
             panic!("{ends:?}");
         };
@@ -922,6 +963,8 @@ mod tests {
         // Lived 10× their runtime: the rest of the life was off the CPU.
         assert_eq!(summary.counters.off_cpu_ns, 3000 - 600 + 6000 - 1200);
         assert_eq!(summary.comm, "t10");
+        // Slices kept 1:3, scaled to the exact 900.
+        assert_eq!(summary.cpu_ns_per_cpu, [225, 675]);
         assert!(!tracker.settling());
     }
 
@@ -950,7 +993,7 @@ mod tests {
             now,
             &no_command,
         );
-        let _ = tracker.take_due(now + SETTLE);
+        let _ = tracker.take_due(now + SETTLE, &mut |_| vec![1, 3]);
         // Running: 30 (its threads read 1,000) and 32 (2,000); 31 ended with 100.
         let read = |pid: u32, _| if pid == 30 { 1_000 } else { 2_000 };
         let trees = tracker.live_trees(&read);
@@ -1020,14 +1063,14 @@ mod tests {
             now,
             &no_command,
         );
-        let ends = tracker.take_due(now + SETTLE);
+        let ends = tracker.take_due(now + SETTLE, &mut |_| vec![1, 3]);
         assert_eq!(ends.len(), 1, "the child's own summary only: {ends:?}");
         tracker.apply(
             ProcessEvent::ThreadEnded(thread(20, 20, 1_000, 1, 1)),
             now,
             &no_command,
         );
-        let ends = tracker.take_due(now + SETTLE);
+        let ends = tracker.take_due(now + SETTLE, &mut |_| vec![1, 3]);
         let [ProcessEnd::Process(root), ProcessEnd::Tree(tree)] = ends.as_slice() else {
             panic!("{ends:?}");
         };
@@ -1060,7 +1103,7 @@ mod tests {
             now,
             &command_of,
         );
-        let ends = tracker.take_due(now + SETTLE);
+        let ends = tracker.take_due(now + SETTLE, &mut |_| vec![1, 3]);
         let [ProcessEnd::Process(child)] = ends.as_slice() else {
             panic!("{ends:?}");
         };

@@ -30,6 +30,7 @@ pub fn process_json(
         "exit": summary.exit,
         "peak_rss_bytes": summary.peak_rss_bytes,
         "counters": counters_json(&summary.counters, net),
+        "cpu_ns_per_cpu": summary.cpu_ns_per_cpu,
         "tree": summary.tree,
     })
 }
@@ -48,6 +49,7 @@ pub fn tree_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) -> Value {
         "lived_ns": tree.ended_ns.saturating_sub(tree.started_ns),
         "peak_rss_bytes": tree.peak_rss_bytes,
         "counters": counters_json(&tree.counters, net),
+        "cpu_ns_per_cpu": tree.cpu_ns_per_cpu,
     })
 }
 
@@ -67,11 +69,19 @@ pub fn lithops_call_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) ->
     let epoch = |monotonic_ns: u64| (i128::from(monotonic_ns) + boot_offset_ns) as f64 / 1e9;
     let function = tree.busiest_fork.as_ref();
     let bytes = |value: u64| if net { json!(value) } else { Value::Null };
+    // Lithops' per-core busy % over the call, here the call's own use of each core.
+    let wall_ns = tree.ended_ns.saturating_sub(tree.started_ns).max(1) as f64;
+    let usage: Vec<f64> = tree
+        .cpu_ns_per_cpu
+        .iter()
+        .map(|&ns| (ns as f64 / wall_ns * 1000.0).round() / 10.0)
+        .collect();
     Some(json!({
         "type": "lithops_call",
         "executor_id": id("executor"),
         "job_id": id("job"),
         "call_id": id("call"),
+        "worker_func_cpu_usage": if usage.is_empty() { Value::Null } else { json!(usage) },
         "worker_func_cpu_user_time": seconds(tree.counters.user_ns),
         "worker_func_cpu_system_time": seconds(tree.counters.system_ns),
         "worker_func_cpu_time": seconds(tree.counters.cpu_ns),

@@ -421,11 +421,7 @@ fn rusage_of(dir: &str, command: &[String]) -> ! {
         .spawn()
         .expect("start the command");
     let pid = child.id() as i32;
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is valid for wait4 to fill.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child, with writable status and rusage.
-    unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let (status, usage) = reap_when_off_cpu(pid);
     let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
     let record = format!(
         r#"{{"pid":{pid},"args":{:?},"cpu_s":{},"status":{status}}}"#,
@@ -451,12 +447,45 @@ fn fork_and_wait(work: impl FnOnce() -> i32) -> (i32, i32, libc::rusage) {
         // SAFETY: leaves the child without running the parent's exit handlers.
         unsafe { libc::_exit(code) };
     }
+    let (status, usage) = reap_when_off_cpu(pid);
+    (pid, status, usage)
+}
+
+/// Waits for child `pid` to exit, then for its last slice (a child is a zombie, and wait4
+/// could reap it, while its exit path still runs: on a slow machine milliseconds of CPU that
+/// rusage would miss), then reaps it: its status and whole rusage.
+fn reap_when_off_cpu(pid: i32) -> (i32, libc::rusage) {
+    // SAFETY: a zeroed siginfo is valid for waitid to fill.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waits, without reaping, for our own child.
+    unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOWAIT,
+        )
+    };
+    let runtime = || {
+        std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+            .ok()
+            .and_then(|text| text.split_whitespace().next()?.parse::<u64>().ok())
+    };
+    let mut last = runtime();
+    for _ in 0..200 {
+        std::thread::sleep(Duration::from_millis(2));
+        let now = runtime();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
     let mut status = 0;
     // SAFETY: a zeroed rusage is valid for wait4 to fill.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child, with writable status and rusage.
+    // SAFETY: reaps our own child, with writable status and rusage.
     unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    (pid, status, usage)
+    (status, usage)
 }
 
 fn cpu_mix(ms: u64) {
