@@ -346,6 +346,24 @@ pub fn read_cpu_stat(dir: &Path) -> Option<CpuStatUsec> {
     parse_cpu_stat(&fs::read_to_string(dir.join("cpu.stat")).ok()?)
 }
 
+/// A command line as /proc/PID/cmdline and the exec event give it (arguments each ended by a
+/// NUL), with spaces between the arguments, as `--process` rules match it.
+pub fn command_from_args(args: &[u8]) -> String {
+    args.split(|&byte| byte == 0)
+        .filter(|arg| !arg.is_empty())
+        .map(String::from_utf8_lossy)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A running process's command line (`None`: empty, as a kernel thread's, or unreadable).
+pub fn command_line(pid: u32) -> Option<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .map(|args| command_from_args(&args))
+        .filter(|command| !command.is_empty())
+}
+
 /// Every process running now: (pid, parent pid, command line, `None` when empty or
 /// unreadable), from /proc. One that ends while it is read, and zombies, are left out.
 pub fn running_processes() -> Vec<(u32, u32, Option<String>)> {
@@ -365,18 +383,7 @@ pub fn running_processes() -> Vec<(u32, u32, Option<String>)> {
                 return None;
             }
             let parent_pid = fields.next()?.parse().ok()?;
-            // Arguments each end in a NUL; joined by spaces, as the rules match them.
-            let command = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .ok()
-                .map(|args| {
-                    args.split(|&byte| byte == 0)
-                        .filter(|arg| !arg.is_empty())
-                        .map(String::from_utf8_lossy)
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                })
-                .filter(|command| !command.is_empty());
-            Some((pid, parent_pid, command))
+            Some((pid, parent_pid, command_line(pid)))
         })
         .collect()
 }
@@ -490,6 +497,15 @@ pub fn remove_cgroup(dir: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn command_lines_are_joined_with_spaces() {
+        assert_eq!(
+            command_from_args(b"python\0-c\0print(1)\0"),
+            "python -c print(1)"
+        );
+        assert_eq!(command_from_args(b""), "");
+    }
 
     #[test]
     fn a_removed_cgroup_keeps_its_path_across_walks_until_forgotten() {

@@ -20,7 +20,10 @@ use probe_common::{
     process::{PROCESS_EXECED, PROCESS_FORKED, ProcessExec, ProcessFork, THREAD_ENDED, ThreadEnd},
 };
 
-use crate::model::process::{ProcessEvent, ThreadTotals, command_from_args};
+use crate::{
+    cgroup::command_from_args,
+    model::process::{ProcessEvent, ThreadTotals},
+};
 
 /// Events read but not yet taken. A consumer that falls this far behind pauses the reader, and
 /// the ring then fills and counts its drops, which the agent reports. The queue grows only

@@ -4,28 +4,16 @@ per task (the worker process that ran it, the CPU it measured, the bytes it rece
 one line with the worker processes' pids.
 
 Usage: dask_map.py WORKERS TASKS BURN_SECONDS DOWNLOAD_BYTES"""
-import http.server
 import json
 import os
 import sys
-import threading
 
 from dask.distributed import Client, LocalCluster
 
+import payload_server
+
 WORKERS, TASKS = int(sys.argv[1]), int(sys.argv[2])
 BURN_S, DOWNLOAD = float(sys.argv[3]), int(sys.argv[4])
-PAYLOAD = b"x" * DOWNLOAD
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(PAYLOAD)))
-        self.end_headers()
-        self.wfile.write(PAYLOAD)
-
-    def log_message(self, *args):
-        pass
 
 
 def work(index, port, burn_s):
@@ -51,9 +39,7 @@ def work(index, port, burn_s):
 
 
 if __name__ == "__main__":
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
+    port = payload_server.serve(DOWNLOAD)
     cluster = LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True,
                            dashboard_address=None)
     client = Client(cluster)

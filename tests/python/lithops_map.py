@@ -6,32 +6,16 @@ Lithops' own stats.
 Usage: lithops_map.py CALLS BURN_SECONDS DOWNLOAD_BYTES
 The runtime Lithops starts each call's runner with is $WP_LITHOPS_RUNTIME if set (a wrapper
 that measures the runner), else this Python."""
-import http.server
 import json
 import os
 import sys
-import threading
 
 import lithops
 
+import payload_server
+
 CALLS, BURN_S, DOWNLOAD = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-PAYLOAD = b"x" * DOWNLOAD
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(PAYLOAD)))
-        self.end_headers()
-        self.wfile.write(PAYLOAD)
-
-    def log_message(self, *args):
-        pass
-
-
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-threading.Thread(target=server.serve_forever, daemon=True).start()
-PORT = server.server_address[1]
+PORT = payload_server.serve(DOWNLOAD)
 
 
 def work(index):

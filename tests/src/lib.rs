@@ -131,6 +131,37 @@ impl Drop for TestCgroup {
     }
 }
 
+/// Starts `watch --json` with `extra` arguments, runs `work`, then stops the agent (SIGINT)
+/// once the last summaries are out, and returns its JSON lines.
+pub fn watch_json_while(extra: &[&str], work: impl FnOnce()) -> Vec<serde_json::Value> {
+    let mut args = vec!["watch", "--json"];
+    args.extend_from_slice(extra);
+    let mut agent = KillOnDrop(start_agent(&args, "attached"));
+    let mut stdout = agent.0.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut text);
+        text
+    });
+    work();
+    // A thread's end is told at its last switch-out; then the agent lets each process and
+    // each removed cgroup settle.
+    std::thread::sleep(Duration::from_millis(600));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGINT) };
+    let status = agent.0.wait().expect("wait for the agent");
+    assert!(status.success(), "the agent failed: {status:?}");
+    json_lines(&reader.join().expect("stdout reader"))
+}
+
+/// The JSON lines of `text`, other lines (a framework's blank ones) left out.
+pub fn json_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|err| panic!("{line:?}: {err}")))
+        .collect()
+}
+
 /// A child process killed and reaped when dropped, so an agent a failed test started does not
 /// outlive it (a passing test ends its agents itself, through the inner `Child`).
 pub struct KillOnDrop(pub Child);

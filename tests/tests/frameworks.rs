@@ -6,15 +6,13 @@
 
 use std::{
     collections::HashMap,
-    io::Read as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::Duration,
 };
 
 use serde_json::Value;
 use workerprobe::cgroup;
-use workerprobe_tests::{TestCgroup, require_root, start_agent, workload_path};
+use workerprobe_tests::{TestCgroup, json_lines, require_root, watch_json_while, workload_path};
 
 /// The virtual environment `cargo xtask setup` makes, next to the test binaries' target dir.
 fn venv_python() -> PathBuf {
@@ -46,13 +44,6 @@ fn each_lithops_call_gets_its_own_record_with_its_true_cpu_and_bytes() {
     let _ = std::fs::remove_dir_all(&rusage_dir);
     std::fs::create_dir_all(&rusage_dir).expect("rusage dir");
 
-    let mut agent = start_agent(&["watch", "--json", "--process", "lithops"], "attached");
-    let mut stdout = agent.stdout.take().expect("stdout");
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stdout.read_to_string(&mut text);
-        text
-    });
     // Lithops starts each runner as `RUNTIME runner.py run_job TASK`: the runtime is a
     // wrapper that runs the venv's Python as its child and writes its wait4 rusage.
     let wrapper = rusage_dir.join("python-measured");
@@ -71,36 +62,28 @@ fn each_lithops_call_gets_its_own_record_with_its_true_cpu_and_bytes() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .expect("chmod the wrapper");
-    let driver = Command::new(&python)
-        .arg(python_dir().join("lithops_map.py"))
-        .args([CALLS.to_string(), "0.3".into(), DOWNLOAD.to_string()])
-        .env("WP_LITHOPS_RUNTIME", &wrapper)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run the Lithops map");
+    let mut driver = None;
+    let lines = watch_json_while(&["--process", "lithops"], || {
+        driver = Some(
+            Command::new(&python)
+                .arg(python_dir().join("lithops_map.py"))
+                .args([CALLS.to_string(), "0.3".into(), DOWNLOAD.to_string()])
+                .env("WP_LITHOPS_RUNTIME", &wrapper)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .output()
+                .expect("run the Lithops map"),
+        );
+    });
+    let driver = driver.expect("the Lithops map ran");
     assert!(
         driver.status.success(),
         "the Lithops map failed: {}",
         String::from_utf8_lossy(&driver.stderr)
     );
-    std::thread::sleep(Duration::from_millis(600));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
-    assert!(agent.wait().expect("wait").success());
-    let lines: Vec<Value> = reader
-        .join()
-        .expect("reader")
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("JSON line"))
-        .collect();
 
     // Lithops prints a blank line of its own.
-    let calls: Vec<Value> = String::from_utf8_lossy(&driver.stdout)
-        .lines()
-        .filter(|line| line.starts_with('{'))
-        .map(|line| serde_json::from_str(line).expect("driver JSON"))
-        .collect();
+    let calls = json_lines(&String::from_utf8_lossy(&driver.stdout));
     assert_eq!(calls.len(), CALLS);
     // What wait4 said of each call's runner, by its command line.
     let rusage: HashMap<String, Value> = std::fs::read_dir(&rusage_dir)
@@ -203,16 +186,6 @@ fn each_dask_worker_process_gets_its_cpu_and_bytes_and_they_add_up_to_the_cgroup
     let python = venv_python();
     let cgroup = TestCgroup::new("dask");
     let path = format!("/{}", cgroup.name());
-    let mut agent = start_agent(
-        &["watch", "--json", "--processes", "--workers", &path],
-        "attached",
-    );
-    let mut stdout = agent.stdout.take().expect("stdout");
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stdout.read_to_string(&mut text);
-        text
-    });
     let mut command = Command::new(&python);
     command
         .arg(python_dir().join("dask_map.py"))
@@ -224,31 +197,23 @@ fn each_dask_worker_process_gets_its_cpu_and_bytes_and_they_add_up_to_the_cgroup
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let driver = cgroup::spawn_in_cgroup(&mut command, &cgroup.dir)
-        .expect("start the Dask client")
-        .wait_with_output()
-        .expect("wait for the Dask client");
+    let mut driver = None;
+    let lines = watch_json_while(&["--processes", "--workers", &path], || {
+        driver = Some(
+            cgroup::spawn_in_cgroup(&mut command, &cgroup.dir)
+                .expect("start the Dask client")
+                .wait_with_output()
+                .expect("wait for the Dask client"),
+        );
+    });
+    let driver = driver.expect("the Dask run ran");
     assert!(
         driver.status.success(),
         "the Dask run failed: {}",
         String::from_utf8_lossy(&driver.stderr)
     );
-    std::thread::sleep(Duration::from_millis(600));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
-    assert!(agent.wait().expect("wait").success());
     let usage_usec = cgroup.cpu_stat().usage_usec;
-    let lines: Vec<Value> = reader
-        .join()
-        .expect("reader")
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("JSON line"))
-        .collect();
-    let told: Vec<Value> = String::from_utf8_lossy(&driver.stdout)
-        .lines()
-        .filter(|line| line.starts_with('{'))
-        .map(|line| serde_json::from_str(line).expect("driver JSON"))
-        .collect();
+    let told = json_lines(&String::from_utf8_lossy(&driver.stdout));
     let (tasks, pids) = told.split_at(told.len() - 1);
     assert_eq!(tasks.len() as u64, TASKS);
     let processes: Vec<&Value> = lines

@@ -9,30 +9,7 @@ use std::{
 };
 
 use serde_json::Value;
-use workerprobe_tests::{TestCgroup, start_agent};
-
-/// Starts `watch --json` with `extra` arguments, runs `work`, then stops the agent once the
-/// last summaries are out and returns its JSON lines.
-fn watch_while(extra: &[&str], work: impl FnOnce()) -> Vec<Value> {
-    let mut args = vec!["watch", "--json"];
-    args.extend_from_slice(extra);
-    let mut agent = start_agent(&args, "attached");
-    let mut stdout = agent.stdout.take().expect("stdout");
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stdout.read_to_string(&mut text);
-        text
-    });
-    work();
-    // Thread records come when the kernel frees each thread (an RCU grace period after its
-    // exit); then the agent lets each process settle.
-    std::thread::sleep(Duration::from_millis(600));
-    stop(&mut agent);
-    let text = reader.join().expect("stdout reader");
-    text.lines()
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|err| panic!("{line:?}: {err}")))
-        .collect()
-}
+use workerprobe_tests::{TestCgroup, start_agent, watch_json_while as watch_while};
 
 fn stop(agent: &mut Child) {
     // SAFETY: signalling our own child.

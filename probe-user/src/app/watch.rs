@@ -160,14 +160,8 @@ impl Watcher {
             return Ok(Vec::new());
         };
         let now = Instant::now();
-        let command_of = |pid: u32| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .ok()
-                .map(|args| crate::model::process::command_from_args(&args))
-                .filter(|command| !command.is_empty())
-        };
         for event in self.collector.drain_process_events()? {
-            tracker.apply(event, now, &command_of);
+            tracker.apply(event, now, &crate::cgroup::command_line);
         }
         let collector = &mut self.collector;
         let ends = tracker.take_due(now, &mut |pid| collector.take_process_cpu(pid));

@@ -883,16 +883,6 @@ fn scaled_to(per_cpu: Vec<u64>, total_ns: u64) -> Vec<u64> {
     scaled
 }
 
-/// A command line as /proc/PID/cmdline and the exec event give it (arguments each ended by a
-/// NUL), with spaces between the arguments.
-pub fn command_from_args(args: &[u8]) -> String {
-    args.split(|&byte| byte == 0)
-        .filter(|arg| !arg.is_empty())
-        .map(String::from_utf8_lossy)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1125,14 +1115,5 @@ mod tests {
             assert_eq!(err.lines().count(), 1, "{err}");
         }
         assert!(parse_rule("etl:python (?P<step>\\w+)").is_ok());
-    }
-
-    #[test]
-    fn command_lines_are_joined_with_spaces() {
-        assert_eq!(
-            command_from_args(b"python\0-c\0print(1)\0"),
-            "python -c print(1)"
-        );
-        assert_eq!(command_from_args(b""), "");
     }
 }
