@@ -5,6 +5,49 @@ use crate::wait::WAIT_REASONS;
 /// Name of the per-CPU hash map: cgroup id (`u64`) → [`CpuStats`] of that cgroup on each CPU.
 pub const CPU_STATS_MAP: &str = "CPU_STATS";
 
+/// Name of the per-CPU array of [`SlotCounters`]: the fast path for the first workers, one slot
+/// each, indexed by a slot number the programs keep with each thread (an array update instead
+/// of a hash lookup). Workers beyond its slots use [`CPU_STATS_MAP`] and the `NET_STATS` map.
+pub const CPU_SLOTS_MAP: &str = "CPU_SLOTS";
+
+/// Name of the hash map: cgroup id (`u64`) → its slot in [`CPU_SLOTS_MAP`] (`u64`).
+pub const SLOT_OF_MAP: &str = "SLOT_OF";
+
+/// Name of the stack of free slots (`u32`): the programs take one for a new worker, user space
+/// gives it back when the worker's summary is taken.
+pub const FREE_SLOTS_MAP: &str = "FREE_SLOTS";
+
+/// Kernel memory the slot array may take, all CPUs together: it is allocated whole at load
+/// (a hash entry only per worker), so the number of slots shrinks as CPUs grow.
+pub const SLOT_MEMORY_BYTES: usize = 8 << 20;
+
+/// Slots of the per-CPU slot array for `possible_cpus`: within [`SLOT_MEMORY_BYTES`], at least
+/// 64, at most `max_workers`.
+pub fn fast_slots(possible_cpus: usize, max_workers: u32) -> u32 {
+    let per_slot = core::mem::size_of::<SlotCounters>() * possible_cpus.max(1);
+    let slots = (SLOT_MEMORY_BYTES / per_slot).max(64);
+    u32::try_from(slots)
+        .unwrap_or(u32::MAX)
+        .min(max_workers.max(1))
+}
+
+/// One slot of [`CPU_SLOTS_MAP`] on one CPU: whose counters these are, and the counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotCounters {
+    /// The cgroup that owns the slot on this CPU (0: unused here). Written when the slot is
+    /// first used on this CPU, zeroed with the counters when the slot is given back.
+    pub cgroup_id: u64,
+    /// Its CPU counters on this CPU.
+    pub stats: CpuStats,
+    /// Its socket traffic on this CPU (the socket programs use the slot too).
+    pub net: crate::net::NetStats,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.
+unsafe impl aya::Pod for SlotCounters {}
+
 /// Name of the per-CPU array (one slot) describing each CPU's last switch: [`LastSwitch`].
 pub const LAST_SWITCH_MAP: &str = "LAST_SWITCH";
 
@@ -149,5 +192,19 @@ mod tests {
         for wait_ns in [0, 1, 999, 1_000, 5_000, 123_456_789, 60_000_000_000] {
             assert!(wait_ns < runq_bucket_upper_ns(runq_bucket(wait_ns)));
         }
+    }
+
+    #[test]
+    fn slots_fit_the_memory_budget_within_their_bounds() {
+        let slot_bytes = core::mem::size_of::<SlotCounters>();
+        assert_eq!(slot_bytes, 8 + 456 + 128);
+        // 2 CPUs: as many as 8 MiB holds.
+        let two_cpus = fast_slots(2, 16_384);
+        assert_eq!(two_cpus as usize, SLOT_MEMORY_BYTES / (2 * slot_bytes));
+        assert!(two_cpus as usize * 2 * slot_bytes <= SLOT_MEMORY_BYTES);
+        // Many CPUs: never fewer than 64; few workers asked for: never more than asked.
+        assert_eq!(fast_slots(4_096, 16_384), 64);
+        assert_eq!(fast_slots(2, 100), 100);
+        assert_eq!(fast_slots(0, 16_384), fast_slots(1, 16_384));
     }
 }

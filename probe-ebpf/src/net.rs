@@ -223,20 +223,21 @@ fn sock_of(socket: *const u8) -> *const u8 {
 
 #[inline(always)]
 fn account(sock: *const u8, bytes: u64, sent: bool) {
-    let offset = SOCK_FAMILY_OFFSET.load() as usize;
-    // SAFETY: `sock` is the tracepoint's BTF-typed socket pointer; the verifier checks this
-    // load against BTF (cheaper than bpf_probe_read_kernel).
-    let family: u16 = unsafe { core::ptr::read_volatile(sock.add(offset) as *const u16) };
-    let slot = family_slot(family);
+    let family = family_of(sock);
     // SAFETY: the helper returns the current task, a BTF pointer.
     let current = unsafe { bpf_get_current_task_btf() } as task::Task;
     let cgroup_id = task::cgroup_id(current);
+    // The thread's state holds its cgroup's slot, its unclaimed network sleeps and, for
+    // process workers, its own bytes.
+    let mut state = task::state(current);
     if ENDPOINTS_ON.load() != 0 {
-        account_endpoint(sock, family, current, bytes, sent);
+        account_endpoint(sock, state.as_deref_mut(), current, bytes, sent);
     }
-    if crate::process::on()
-        && let Some(state) = task::state(current)
-    {
+    let Some(state) = state else {
+        add_hashed(cgroup_id, family_slot(family), bytes, sent);
+        return;
+    };
+    if crate::process::on() {
         // The thread's own bytes, for its process's summary.
         if sent {
             state.sent_bytes += bytes;
@@ -244,9 +245,28 @@ fn account(sock: *const u8, bytes: u64, sent: bool) {
             state.received_bytes += bytes;
         }
     }
+    match crate::sched::task_slot(state, cgroup_id) {
+        // SAFETY: this CPU's value; no other writer while we run.
+        Some(slot) => unsafe { add(&mut (*slot).net, family_slot(family), bytes, sent) },
+        None => add_hashed(cgroup_id, family_slot(family), bytes, sent),
+    }
+}
+
+/// `sk->__sk_common.skc_family` of a BTF-typed `struct sock *`.
+#[inline(always)]
+fn family_of(sock: *const u8) -> u16 {
+    let offset = SOCK_FAMILY_OFFSET.load() as usize;
+    // SAFETY: `sock` is the tracepoint's BTF-typed socket pointer; the verifier checks this
+    // load against BTF (cheaper than bpf_probe_read_kernel).
+    unsafe { core::ptr::read_volatile(sock.add(offset) as *const u16) }
+}
+
+/// A call of a worker without a slot: its entry in `NET_STATS`, made if missing.
+#[inline(never)]
+fn add_hashed(cgroup_id: u64, family_slot: usize, bytes: u64, sent: bool) {
     if let Some(stats) = NET_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: per-CPU value of this CPU; no other writer while we run.
-        unsafe { add(&mut *stats, slot, bytes, sent) };
+        unsafe { add(&mut *stats, family_slot, bytes, sent) };
         return;
     }
     // Insert zeros from read-only memory, then add: values built on the stack count against
@@ -255,7 +275,7 @@ fn account(sock: *const u8, bytes: u64, sent: bool) {
     let _ = NET_STATS.insert(cgroup_id, &ZERO_NET, BPF_NOEXIST);
     if let Some(stats) = NET_STATS.get_ptr_mut(cgroup_id) {
         // SAFETY: as above.
-        unsafe { add(&mut *stats, slot, bytes, sent) };
+        unsafe { add(&mut *stats, family_slot, bytes, sent) };
     } else {
         count_drop(DROP_NET_STATS);
     }
@@ -264,8 +284,15 @@ fn account(sock: *const u8, bytes: u64, sent: bool) {
 /// Adds a call to the worker's entry for the socket's peer, with the network sleeps of the
 /// call that just returned (claimed from the thread's state).
 #[inline(never)]
-fn account_endpoint(sock: *const u8, family: u16, current: task::Task, bytes: u64, sent: bool) {
+fn account_endpoint(
+    sock: *const u8,
+    state: Option<&mut task::TaskState>,
+    current: task::Task,
+    bytes: u64,
+    sent: bool,
+) {
     // Read again rather than passed: a BPF function takes at most five arguments.
+    let family = family_of(sock);
     let mut key = EndpointKey {
         cgroup_id: task::cgroup_id(current),
         addr: [0; 16],
@@ -291,7 +318,7 @@ fn account_endpoint(sock: *const u8, family: u16, current: task::Task, bytes: u6
             key.port = u16::from_be(dport);
         }
     }
-    let (wait_ns, waits) = claim_network_wait(current);
+    let (wait_ns, waits) = state.map_or((0, 0), |state| claim_network_wait(state, current));
     let stats = match ENDPOINTS.get_ptr_mut(key) {
         Some(stats) => stats,
         None => match first_use(&mut key) {
@@ -317,10 +344,7 @@ fn account_endpoint(sock: *const u8, family: u16, current: task::Task, bytes: u6
 
 /// The network sleeps of the system call the current thread is returning from.
 #[inline(always)]
-fn claim_network_wait(current: task::Task) -> (u64, u64) {
-    let Some(state) = task::existing_state(current) else {
-        return (0, 0);
-    };
+fn claim_network_wait(state: &mut task::TaskState, current: task::Task) -> (u64, u64) {
     if state.unclaimed_net_waits == 0 {
         return (0, 0);
     }

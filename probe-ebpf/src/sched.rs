@@ -7,12 +7,12 @@
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map},
-    maps::{LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, Stack},
     programs::BtfTracePointContext,
 };
 use probe_common::{
     DEFAULT_MAX_WORKERS,
-    cpu::{CpuStats, LastSwitch, RUNQ_BUCKETS, runq_bucket},
+    cpu::{CpuStats, LastSwitch, RUNQ_BUCKETS, SlotCounters, runq_bucket},
     drops::{DROP_CPU_STATS, DROP_SLOTS, DROP_TASK_STATE},
     wait::{
         SYSCALL_WAITS, SYSCALLS, TABLE_ON_FD, TABLE_REASON, TABLE_UNKNOWN, WAIT_NETWORK,
@@ -30,6 +30,19 @@ const TASK_NOLOAD: u64 = 0x400;
 #[map]
 static CPU_STATS: PerCpuHashMap<u64, CpuStats> =
     PerCpuHashMap::with_max_entries(DEFAULT_MAX_WORKERS, BPF_F_NO_PREALLOC);
+
+/// The fast path: slot → what its cgroup's threads did on this CPU. Sized by the loader
+/// (`probe_common::cpu::fast_slots`); workers beyond it use `CPU_STATS`.
+#[map]
+static CPU_SLOTS: PerCpuArray<SlotCounters> = PerCpuArray::with_max_entries(1, 0);
+
+/// cgroup id → its slot in `CPU_SLOTS`.
+#[map]
+static SLOT_OF: HashMap<u64, u64> = HashMap::with_max_entries(1, 0);
+
+/// Slots free to take, filled by the loader and refilled by user space as workers end.
+#[map]
+static FREE_SLOTS: Stack<u32> = Stack::with_max_entries(1, 0);
 
 /// Slot 0: this CPU's last switch, read by user space to add the slice still running.
 #[map]
@@ -147,12 +160,14 @@ fn since_moved_ns(task: Task, cgroup_id: u64) -> Option<u64> {
         let moved = unsafe { MOVES.get(key) }?;
         (moved.to_cgroup_id == cgroup_id).then_some(moved.at_ns)
     };
-    let as_process = moved_at(u64::from(task::tgid(task)));
-    let alone = moved_at(u64::from(task::tid(task)) | LONE_THREAD);
-    let at_ns = match (as_process, alone) {
-        (Some(a), Some(b)) => a.max(b),
-        (a, b) => a.or(b)?,
-    };
+    // 0 for none (a move's time is never 0): no value is left undefined on any path, which
+    // the verifier would refuse.
+    let as_process = moved_at(u64::from(task::tgid(task))).unwrap_or(0);
+    let alone = moved_at(u64::from(task::tid(task)) | LONE_THREAD).unwrap_or(0);
+    let at_ns = as_process.max(alone);
+    if at_ns == 0 {
+        return None;
+    }
     // SAFETY: a helper without arguments.
     Some(unsafe { bpf_ktime_get_ns() }.saturating_sub(at_ns))
 }
@@ -178,7 +193,7 @@ fn charge_slice_before_move(
         return 0;
     }
     // Not made if missing: the cgroup left may be gone and summarised already.
-    let Some(stats) = CPU_STATS.get_ptr_mut(from_cgroup_id) else {
+    let Some(stats) = existing_counters(from_cgroup_id) else {
         return 0;
     };
     // SAFETY: this CPU's value; no other writer while we run.
@@ -212,7 +227,7 @@ fn charge_sleep_before_move(
         return 0;
     };
     let before_ns = slept_ns.saturating_sub(since_ns);
-    let Some(stats) = CPU_STATS.get_ptr_mut(from_cgroup_id) else {
+    let Some(stats) = existing_counters(from_cgroup_id) else {
         return 0;
     };
     // SAFETY: this CPU's value; no other writer while we run.
@@ -287,16 +302,10 @@ fn charge_sleep(state: &mut TaskState, task: Task, mut slept_ns: u64, blocked_io
     if state.cgroup_id != cgroup_id {
         slept_ns -= charge_sleep_before_move(state, task, cgroup_id, slept_ns, blocked_io);
     }
-    let stats = match CPU_STATS.get_ptr_mut(cgroup_id) {
-        Some(stats) => stats,
-        None => match insert_zero_stats(cgroup_id) {
-            Some(stats) => stats,
-            None => {
-                // No room: the task's next switch-out tries again (and counts the drop).
-                keep_pending(state, slept_ns, blocked_io);
-                return;
-            }
-        },
+    let Some(stats) = counters(state, cgroup_id) else {
+        // No room: the task's next switch-out tries again (and counts the drop).
+        keep_pending(state, slept_ns, blocked_io);
+        return;
     };
     // SAFETY: this CPU's value; the scheduler's tracepoints run with interrupts off here, so
     // no other program writes it meanwhile.
@@ -335,6 +344,106 @@ fn keep_pending(state: &mut TaskState, slept_ns: u64, blocked_io: bool) {
     }
     state.pending_wakeups += 1;
     state.pending_reason = state.reason;
+}
+
+/// The CPU counters of `cgroup_id` on this CPU, the task's cgroup: in its slot if it has
+/// one, else in `CPU_STATS` (made if missing). `None` when there is no room anywhere.
+#[inline(always)]
+fn counters(state: &mut TaskState, cgroup_id: u64) -> Option<*mut CpuStats> {
+    match task_slot(state, cgroup_id) {
+        // SAFETY: this CPU's value; no other writer while we run.
+        Some(slot) => Some(unsafe { &mut (*slot).stats }),
+        None => hashed_counters(cgroup_id),
+    }
+}
+
+/// The slot of `cgroup_id`, the task's cgroup, on this CPU: an array access when the task
+/// knows it, else found or taken on the rare path; `None` when the cgroup has no slot (none
+/// was free), and its counters are in the hash maps.
+#[inline(always)]
+pub(crate) fn task_slot(state: &mut TaskState, cgroup_id: u64) -> Option<*mut SlotCounters> {
+    if state.slot_cgroup_id == cgroup_id && cgroup_id != 0 {
+        // `NO_SLOT` is past the array's end: no lookup succeeds.
+        let slot = CPU_SLOTS.get_ptr_mut(state.slot)?;
+        // A slot given back and taken by another worker no longer names this one.
+        // SAFETY: this CPU's value; no other writer while we run.
+        if unsafe { (*slot).cgroup_id } == cgroup_id {
+            return Some(slot);
+        }
+    }
+    find_slot(state, cgroup_id)
+}
+
+/// Rare path of `task_slot`: the cgroup's slot, taken now if it has none and one is free;
+/// the task remembers either answer.
+#[inline(never)]
+fn find_slot(state: &mut TaskState, cgroup_id: u64) -> Option<*mut SlotCounters> {
+    if cgroup_id == 0 {
+        return None;
+    }
+    state.slot_cgroup_id = cgroup_id;
+    let found = slot_counters(cgroup_id, true);
+    // Remembered either way, so a full slot array costs the task no search per event.
+    state.slot = found.map_or(NO_SLOT, |(slot, _)| slot);
+    found.map(|(_, counters)| counters)
+}
+
+/// The counters of a cgroup a task left, if it has any: not made.
+#[inline(never)]
+fn existing_counters(cgroup_id: u64) -> Option<*mut CpuStats> {
+    match slot_counters(cgroup_id, false) {
+        // SAFETY: this CPU's value; no other writer while we run.
+        Some((_, slot)) => Some(unsafe { &mut (*slot).stats }),
+        None => CPU_STATS.get_ptr_mut(cgroup_id),
+    }
+}
+
+/// The cgroup's slot and its counters on this CPU; with `take`, a free slot is taken for a
+/// cgroup that has none. The first use of a slot on a CPU marks it as the cgroup's there.
+#[inline(always)]
+fn slot_counters(cgroup_id: u64, take: bool) -> Option<(u32, *mut SlotCounters)> {
+    // SAFETY: a plain hash value, read whole.
+    let slot = match unsafe { SLOT_OF.get(cgroup_id) } {
+        Some(&slot) => slot as u32,
+        None if take => take_slot(cgroup_id)?,
+        None => return None,
+    };
+    let counters = CPU_SLOTS.get_ptr_mut(slot)?;
+    // SAFETY: this CPU's value; no other writer while we run.
+    unsafe {
+        if (*counters).cgroup_id != cgroup_id {
+            // Given back zeroed: the slot is this cgroup's from now on, on this CPU too.
+            (*counters).cgroup_id = cgroup_id;
+        }
+    }
+    Some((slot, counters))
+}
+
+/// Takes a free slot for the cgroup; if another CPU just gave it one, that one.
+#[inline(always)]
+fn take_slot(cgroup_id: u64) -> Option<u32> {
+    let slot = FREE_SLOTS.pop().ok().flatten()?;
+    if SLOT_OF
+        .insert(cgroup_id, u64::from(slot), BPF_NOEXIST)
+        .is_ok()
+    {
+        return Some(slot);
+    }
+    let _ = FREE_SLOTS.push(slot, 0);
+    // SAFETY: as above.
+    unsafe { SLOT_OF.get(cgroup_id) }.map(|&slot| slot as u32)
+}
+
+/// `TaskState::slot` of a task whose cgroup has no slot (its counters are in the hashes).
+const NO_SLOT: u32 = u32::MAX;
+
+/// The cgroup's entry in `CPU_STATS` on this CPU, made if missing.
+#[inline(never)]
+fn hashed_counters(cgroup_id: u64) -> Option<*mut CpuStats> {
+    match CPU_STATS.get_ptr_mut(cgroup_id) {
+        Some(stats) => Some(stats),
+        None => insert_zero_stats(cgroup_id),
+    }
 }
 
 /// Rare path: a cgroup's first entry on this CPU, all zeros; `None` when the map is full.
@@ -446,12 +555,12 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     if state.cgroup_id != cgroup_id {
         slice_ns -= charge_slice_before_move(state, prev, cgroup_id, slice_ns);
     }
-    if let Some(stats) = CPU_STATS.get_ptr_mut(cgroup_id) {
+    if let Some(stats) = counters(state, cgroup_id) {
         // SAFETY: per-CPU value of this CPU; no other writer while we run.
         unsafe { add_slice::<DELAYS>(&mut *stats, state, prev, slice_ns, voluntary) };
-        return;
+    } else {
+        count_drop(DROP_CPU_STATS);
     }
-    insert_first_slice::<DELAYS>(cgroup_id, state, prev, slice_ns, voluntary);
 }
 
 /// Notes how the task leaves the CPU: still runnable (the scheduler times that wait), or
@@ -568,23 +677,6 @@ fn flush_pending(stats: &mut CpuStats, state: &mut TaskState) {
     state.pending_blocked_io_ns = 0;
     state.pending_sleep_ns = 0;
     state.pending_wakeups = 0;
-}
-
-/// Rare path: the first slice of a cgroup on this CPU since load.
-#[inline(never)]
-fn insert_first_slice<const DELAYS: bool>(
-    cgroup_id: u64,
-    state: &mut TaskState,
-    prev: Task,
-    slice_ns: u64,
-    voluntary: bool,
-) {
-    if let Some(stats) = insert_zero_stats(cgroup_id) {
-        // SAFETY: as above.
-        unsafe { add_slice::<DELAYS>(&mut *stats, state, prev, slice_ns, voluntary) };
-    } else {
-        count_drop(DROP_CPU_STATS);
-    }
 }
 
 /// All-zero counters, inserted for a new cgroup.

@@ -329,6 +329,13 @@ pub struct TaskState {
     pub sent_bytes: u64,
     /// Socket payload it received (process workers only).
     pub received_bytes: u64,
+    /// The cgroup whose slot in `CPU_SLOTS` is `slot` (0: none known): while the task stays
+    /// in that cgroup, its counters are an array access away.
+    pub slot_cgroup_id: u64,
+    /// See `slot_cgroup_id`.
+    pub slot: u32,
+    /// Keeps the size a multiple of 8.
+    pub reserved: u32,
 }
 
 /// [`TaskState::flags`]: the baselines are set.

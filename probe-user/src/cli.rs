@@ -365,6 +365,11 @@ pub struct ProbeArgs {
     /// other (tracepoint: sock_send_length, 6.3+; fexit: the protocols' sendmsg/recvmsg).
     #[arg(long, hide = true, value_enum)]
     pub net_attach: Option<NetAttachChoice>,
+    /// For tests and benchmarks: slots of the per-worker counters' fast path (default: from
+    /// the CPU count, within 8 MiB); workers beyond them are counted through hash maps (0:
+    /// all of them).
+    #[arg(long, hide = true, value_parser = parse_count::<u32, 0, 1_048_576>)]
+    pub cpu_slots: Option<u32>,
     /// The node's name in headers and recordings, to tell nodes apart when their recordings
     /// are read together (default: the host name).
     #[arg(long, value_name = "NAME", value_parser = parse_node_name)]
@@ -411,6 +416,7 @@ impl ProbeArgs {
             endpoints_per_worker: self.max_endpoints_per_worker,
             max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
             processes: false,
+            cpu_slots: self.cpu_slots,
         }
     }
 

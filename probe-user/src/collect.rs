@@ -4,8 +4,12 @@ use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 
 use crate::collect_events::{RingEvent, RingReader, decode_cgroup_event, decode_process_event};
+use crate::collect_slots::SlotMaps;
 use probe_common::{
-    cpu::{CPU_STATS_MAP, CpuStats, LAST_SWITCH_MAP, LastSwitch},
+    cpu::{
+        CPU_SLOTS_MAP, CPU_STATS_MAP, CpuStats, FREE_SLOTS_MAP, LAST_SWITCH_MAP, LastSwitch,
+        SLOT_OF_MAP,
+    },
     drops::{DROP_NAMES, DROPS_MAP},
     lifecycle::EVENTS_MAP,
     memory::PROCESS_PEAKS_MAP,
@@ -40,6 +44,8 @@ const PROCESS_EVENTS_PER_PULL: usize = 16_384;
 /// Lifecycle events given at one `drain_events` call (watch and serve call every 50 ms;
 /// record, once a tick, calls until none wait).
 const EVENTS_PER_PULL: usize = 1_024;
+/// Summarised workers remembered for `free_late_counters`.
+const MAX_FINISHED: usize = 1_024;
 /// Memory cgroup peaks of removed cgroups kept for a caller that never finishes them (top).
 const MAX_REMOVED_PEAKS: usize = 16_384;
 
@@ -57,6 +63,10 @@ struct RunningSlice {
 /// Reads the maps of the loaded programs.
 pub struct KernelCollector {
     cpu_stats: PerCpuHashMap<MapData, u64, CpuStats>,
+    /// The fast path's slots (absent from an older pin set).
+    cpu_slots: Option<SlotMaps>,
+    /// Socket counters per CPU of the workers with slots, from the last read of the slots.
+    slot_net: Vec<(u64, Vec<NetStats>)>,
     net_stats: PerCpuHashMap<MapData, u64, NetStats>,
     endpoints: PerCpuHashMap<MapData, EndpointKey, EndpointStats>,
     endpoint_counts: aya::maps::HashMap<MapData, u64, u64>,
@@ -86,6 +96,12 @@ pub struct KernelCollector {
     pending_events: std::collections::VecDeque<LifecycleEvent>,
     /// Whether the caller takes events (`drain_events`), so none may be dropped for room.
     events_taken: bool,
+    /// Workers whose summaries were taken, most recent last (at most [`MAX_FINISHED`]): what
+    /// the programs still add for one (a thread's last slice after the summary) is freed
+    /// unreported, so no slot or entry stays taken by a worker that is gone.
+    finished: std::collections::VecDeque<u64>,
+    /// The ids of `finished`, to look up.
+    finished_ids: std::collections::HashSet<u64>,
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
     reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
     cgroups: CgroupIndex,
@@ -109,6 +125,11 @@ impl KernelCollector {
         };
         let cpu_stats = PerCpuHashMap::try_from(take(CPU_STATS_MAP)?)
             .with_context(|| format!("map {CPU_STATS_MAP}"))?;
+        let cpu_slots = SlotMaps::new(
+            take(CPU_SLOTS_MAP).ok(),
+            take(SLOT_OF_MAP).ok(),
+            take(FREE_SLOTS_MAP).ok(),
+        );
         let net_stats = PerCpuHashMap::try_from(take(NET_STATS_MAP)?)
             .with_context(|| format!("map {NET_STATS_MAP}"))?;
         let drops =
@@ -147,7 +168,11 @@ impl KernelCollector {
             events_taken: false,
             last_switch,
             reported_on_cpu_ns: std::collections::HashMap::new(),
+            finished: std::collections::VecDeque::new(),
+            finished_ids: std::collections::HashSet::new(),
             cpu_stats,
+            cpu_slots,
+            slot_net: Vec::new(),
             net_stats,
             endpoints,
             endpoint_counts,
@@ -185,19 +210,24 @@ impl Source for KernelCollector {
             usize::MAX
         };
         self.pull_events(room);
-        let (cpu_per_worker, running) = self.read_cpu_consistently()?;
+        let (mut cpu_per_worker, running) = self.read_cpu_consistently()?;
+        self.free_late_counters(&mut cpu_per_worker);
         for (cgroup_id, per_cpu) in cpu_per_worker {
             sample.workers.entry(cgroup_id).or_default().cpu_per_cpu = per_cpu;
         }
         let mut calls = std::collections::HashMap::new();
-        for (cgroup_id, per_cpu) in read_all(&self.net_stats, self.cpus)? {
+        let slot_net = std::mem::take(&mut self.slot_net);
+        for (cgroup_id, per_cpu) in read_all(&self.net_stats, self.cpus)?
+            .into_iter()
+            .chain(slot_net)
+        {
             let net = &mut sample.workers.entry(cgroup_id).or_default().net;
             for on_cpu in per_cpu.iter() {
                 for (sum, add) in net.families.iter_mut().zip(&on_cpu.families) {
                     sum.add(add);
                 }
             }
-            let worker_calls = net
+            let worker_calls: u64 = net
                 .families
                 .iter()
                 .map(|f| f.sent_calls + f.received_calls)
@@ -320,19 +350,29 @@ impl KernelCollector {
     /// never did anything since the programs were loaded.
     pub fn finish(&mut self, cgroup_id: u64) -> Option<WorkerCounters> {
         let exit_memory = self.take_exit_memory(cgroup_id);
-        let cpu = self.cpu_stats.get(&cgroup_id, 0).ok();
-        let net = self.net_stats.get(&cgroup_id, 0).ok();
-        if cpu.is_none() && net.is_none() {
+        let hashed = self.cpu_stats.get(&cgroup_id, 0).ok().map(|c| c.to_vec());
+        let slotted = self
+            .cpu_slots
+            .as_mut()
+            .and_then(|slots| slots.finish(cgroup_id, self.cpus));
+        let net = self.net_stats.get(&cgroup_id, 0).ok().map(|n| n.to_vec());
+        if hashed.is_none() && slotted.is_none() && net.is_none() {
             return None;
         }
         let mut worker = WorkerCounters {
-            cpu_per_cpu: cpu.map(|per_cpu| per_cpu.to_vec()).unwrap_or_default(),
+            cpu_per_cpu: vec![CpuStats::default(); self.cpus],
             exit_memory,
             ..WorkerCounters::default()
         };
-        worker.cpu_per_cpu.resize(self.cpus, CpuStats::default());
-        if let Some(per_cpu) = net {
-            for on_cpu in per_cpu.iter() {
+        let slotted_cpu = slotted
+            .as_ref()
+            .map(|per_cpu| per_cpu.iter().map(|slot| slot.stats).collect::<Vec<_>>());
+        for per_cpu in [hashed, slotted_cpu].into_iter().flatten() {
+            add_per_cpu(&mut worker.cpu_per_cpu, &per_cpu);
+        }
+        let slotted_net = slotted.map(|per_cpu| per_cpu.iter().map(|slot| slot.net).collect());
+        for per_cpu in [net, slotted_net].into_iter().flatten() {
+            for on_cpu in &per_cpu {
                 for (sum, add) in worker.net.families.iter_mut().zip(&on_cpu.families) {
                     sum.add(add);
                 }
@@ -352,6 +392,14 @@ impl KernelCollector {
         }
         // Free the entries: the cgroup is gone and its id will not come back.
         let _ = self.cpu_stats.remove(&cgroup_id);
+        if self.finished.len() == MAX_FINISHED
+            && let Some(oldest) = self.finished.pop_front()
+        {
+            self.finished_ids.remove(&oldest);
+        }
+        if self.finished_ids.insert(cgroup_id) {
+            self.finished.push_back(cgroup_id);
+        }
         let _ = self.net_stats.remove(&cgroup_id);
         self.reported_on_cpu_ns.remove(&cgroup_id);
         self.cgroups.forget(cgroup_id);
@@ -438,8 +486,21 @@ impl KernelCollector {
         loop {
             attempt += 1;
             let before = self.read_last_switches()?;
-            let per_worker: CpuPerWorker =
+            // The slots hold socket counters too: kept from the read that is used.
+            self.slot_net.clear();
+            let mut per_worker: CpuPerWorker =
                 read_all(&self.cpu_stats, self.cpus)?.into_iter().collect();
+            if let Some(slots) = &self.cpu_slots {
+                for (cgroup_id, per_cpu) in slots.read_all(self.cpus)? {
+                    let cpu: Vec<CpuStats> = per_cpu.iter().map(|slot| slot.stats).collect();
+                    let sum = per_worker
+                        .entry(cgroup_id)
+                        .or_insert_with(|| vec![CpuStats::default(); self.cpus]);
+                    add_per_cpu(sum, &cpu);
+                    self.slot_net
+                        .push((cgroup_id, per_cpu.iter().map(|s| s.net).collect()));
+                }
+            }
             let mut running = Vec::new();
             for (cpu, record) in before.iter().enumerate() {
                 if record.switch_count == 0 || record.next_tid == 0 {
@@ -472,6 +533,25 @@ impl KernelCollector {
             if !unsettled || attempt == ATTEMPTS {
                 running.retain(|slice| settled(slice.cpu));
                 return Ok((per_worker, running));
+            }
+        }
+    }
+
+    /// Frees, unreported, what the programs added for workers already summarised.
+    fn free_late_counters(&mut self, per_worker: &mut CpuPerWorker) {
+        if self.finished_ids.is_empty() {
+            return;
+        }
+        let late: Vec<u64> = per_worker
+            .keys()
+            .copied()
+            .filter(|id| self.finished_ids.contains(id))
+            .collect();
+        for cgroup_id in late {
+            per_worker.remove(&cgroup_id);
+            let _ = self.cpu_stats.remove(&cgroup_id);
+            if let Some(slots) = self.cpu_slots.as_mut() {
+                let _ = slots.finish(cgroup_id, self.cpus);
             }
         }
     }
@@ -537,6 +617,16 @@ impl KernelCollector {
 }
 
 /// One endpoint's counters summed over CPUs.
+/// Adds counters CPU by CPU.
+fn add_per_cpu(sum: &mut Vec<CpuStats>, add: &[CpuStats]) {
+    if sum.len() < add.len() {
+        sum.resize(add.len(), CpuStats::default());
+    }
+    for (sum, add) in sum.iter_mut().zip(add) {
+        sum.add(add);
+    }
+}
+
 /// The kernel's page size, for the page counts the programs keep.
 fn page_bytes() -> u64 {
     // SAFETY: sysconf reads a constant of the running system.

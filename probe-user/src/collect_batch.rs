@@ -32,8 +32,25 @@ pub unsafe fn lookup_all_percpu<K: Copy + Default, V: Copy + Default>(
     fd: BorrowedFd<'_>,
     cpus: usize,
 ) -> io::Result<Vec<(K, Vec<V>)>> {
+    // SAFETY: as the caller promised.
+    unsafe { lookup_first_percpu(fd, cpus, usize::MAX) }
+}
+
+/// The first `max_keys` entries of a per-CPU map, in its order (for an array, indexes
+/// `0..max_keys`). A plain map with 8-byte values reads the same with `cpus` 1.
+///
+/// # Safety
+/// As [`lookup_all_percpu`], for a per-CPU hash or array (`K` = `u32` for an array).
+pub unsafe fn lookup_first_percpu<K: Copy + Default, V: Copy + Default>(
+    fd: BorrowedFd<'_>,
+    cpus: usize,
+    max_keys: usize,
+) -> io::Result<Vec<(K, Vec<V>)>> {
+    if max_keys == 0 {
+        return Ok(Vec::new());
+    }
     let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
-    let mut chunk = 1024usize;
+    let mut chunk = 1024usize.min(max_keys);
     let mut entries = Vec::new();
     let mut in_token = 0u64;
     let mut first = true;
@@ -89,7 +106,8 @@ pub unsafe fn lookup_all_percpu<K: Copy + Default, V: Copy + Default>(
             entries.push((key, per_cpu));
         }
         // ENOENT: that was the last batch.
-        if error.is_some() {
+        if error.is_some() || entries.len() >= max_keys {
+            entries.truncate(max_keys);
             return Ok(entries);
         }
         in_token = out_token;

@@ -31,6 +31,11 @@ pub fn require_root() {
 /// `WP_TEST_NET_ATTACH=fexit` (or `tracepoint`) forces the socket variant, so the VM matrix
 /// checks both on a kernel that has both.
 pub fn collector() -> KernelCollector {
+    collector_with(LoadOptions::default())
+}
+
+/// As [`collector`], with these options (the socket variant still from the environment).
+pub fn collector_with(options: LoadOptions) -> KernelCollector {
     require_root();
     let mount = cgroup::find_cgroup2_mount().expect("find cgroup2 mount");
     let net_attach = match std::env::var("WP_TEST_NET_ATTACH").as_deref() {
@@ -40,7 +45,7 @@ pub fn collector() -> KernelCollector {
     };
     let options = LoadOptions {
         net_attach,
-        ..LoadOptions::default()
+        ..options
     };
     let probe = loader::load_and_attach(&options).expect("load and attach probe");
     if net_attach.is_some() {

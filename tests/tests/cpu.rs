@@ -1,7 +1,7 @@
 //! On-CPU time per cgroup against the kernel's own `cpu.stat`.
 
 use workerprobe::collect::Source as _;
-use workerprobe_tests::{TestCgroup, collector, counters, wait_for_cpu};
+use workerprobe_tests::{TestCgroup, collector, collector_with, counters, wait_for_cpu};
 
 /// Longest a test waits for a workload's CPU time (emulated VMs are slow).
 const LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -257,4 +257,67 @@ fn a_thread_moved_while_it_runs_is_charged_to_each_cgroup_as_its_cpu_stat_says()
         close(b_ours, b_kernel_ns),
         "after the move: ours {b_ours} ns, cpu.stat {b_kernel_ns} ns"
     );
+}
+
+/// The programs keep most workers' counters in a fixed array of slots, taken on a worker's
+/// first event and given back when its summary is taken, and the rest in a hash map. With
+/// three slots (the node's own cgroups may hold some), two long workers and six short ones
+/// that end one after another take, overflow and reuse slots: each is still exactly what
+/// `cpu.stat` says, whichever way it was counted, and a reused slot carries nothing over.
+#[test]
+fn workers_beyond_the_slots_and_in_reused_slots_are_counted_like_cpu_stat() {
+    let mut collector = collector_with(workerprobe::loader::LoadOptions {
+        cpu_slots: Some(3),
+        ..Default::default()
+    });
+    let close = |ours: u64, kernel_usec: u64| {
+        let kernel = kernel_usec * 1_000;
+        ours.abs_diff(kernel) <= kernel / 100
+    };
+    let long: Vec<TestCgroup> = (0..2)
+        .map(|i| TestCgroup::new(&format!("slots-long-{i}")))
+        .collect();
+    let spinners: Vec<_> = long
+        .iter()
+        .map(|cgroup| cgroup.spawn_workload(&["spin", "400", "1"]))
+        .collect();
+    for i in 0..6 {
+        let short = TestCgroup::new(&format!("slots-short-{i}"));
+        short.spin("60");
+        // Reaped is not yet off the CPU: the exiting thread's last slice is charged a moment
+        // later, at its last switch (the agent, too, settles before it summarises).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let kernel_usec = short.cpu_stat().usage_usec;
+        let id = short.id;
+        drop(short); // removed, so its summary may be taken
+        let ours = collector
+            .finish(id)
+            .expect("the short worker was counted")
+            .on_cpu_ns();
+        eprintln!("short worker {i}: ours {ours} ns, cpu.stat {kernel_usec} µs");
+        assert!(kernel_usec >= 59_000, "short worker {i} barely ran");
+        assert!(
+            close(ours, kernel_usec),
+            "short worker {i}: ours {ours} ns, cpu.stat {kernel_usec} µs"
+        );
+    }
+    for spinner in spinners {
+        assert!(spinner.wait_with_output().expect("wait").status.success());
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    for (i, cgroup) in long.into_iter().enumerate() {
+        let kernel_usec = cgroup.cpu_stat().usage_usec;
+        let id = cgroup.id;
+        drop(cgroup);
+        let ours = collector
+            .finish(id)
+            .expect("the long worker was counted")
+            .on_cpu_ns();
+        eprintln!("long worker {i}: ours {ours} ns, cpu.stat {kernel_usec} µs");
+        assert!(kernel_usec >= 399_000, "long worker {i} barely ran");
+        assert!(
+            close(ours, kernel_usec),
+            "long worker {i}: ours {ours} ns, cpu.stat {kernel_usec} µs"
+        );
+    }
 }

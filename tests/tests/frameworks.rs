@@ -34,9 +34,17 @@ fn python_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("python")
 }
 
+/// One framework at a time: each compares a process's CPU with what the process measured of
+/// itself, and the work a framework does after that measurement (result pickling, teardown)
+/// grows when the other framework's workers crowd the two CPUs.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn each_lithops_call_gets_its_own_record_with_its_true_cpu_and_bytes() {
     require_root();
+    let _alone = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     const CALLS: usize = 8;
     const DOWNLOAD: u64 = 5_000_000;
     let python = venv_python();
@@ -181,6 +189,9 @@ fn each_lithops_call_gets_its_own_record_with_its_true_cpu_and_bytes() {
 #[test]
 fn each_dask_worker_process_gets_its_cpu_and_bytes_and_they_add_up_to_the_cgroup() {
     require_root();
+    let _alone = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     const TASKS: u64 = 8;
     const DOWNLOAD: u64 = 5_000_000;
     let python = venv_python();

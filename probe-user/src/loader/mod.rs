@@ -145,6 +145,10 @@ pub struct LoadOptions {
     pub max_endpoints: u32,
     /// Whether the process programs tell of every process (`watch --processes`).
     pub processes: bool,
+    /// Slots of the per-worker counters' fast path (default: as many as
+    /// `probe_common::cpu::fast_slots` allows); workers beyond them use the hashes. 0: every
+    /// worker uses the hashes (the design before slots, for benchmarks).
+    pub cpu_slots: Option<u32>,
 }
 
 impl Default for LoadOptions {
@@ -156,6 +160,7 @@ impl Default for LoadOptions {
             endpoints_per_worker: probe_common::net::DEFAULT_ENDPOINTS_PER_WORKER,
             max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
             processes: false,
+            cpu_slots: None,
         }
     }
 }
@@ -220,6 +225,23 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
         plan: loaded.plan,
         _lock: None,
     })
+}
+
+/// Fills the fresh stack of free slots, lowest on top: workers take the lowest slots first and
+/// get back the ones given back last, so the slots in use stay few and low (user space reads
+/// the array only up to the highest one in use).
+fn free_every_slot(ebpf: &mut Ebpf, slots: u32) -> anyhow::Result<()> {
+    use probe_common::cpu::FREE_SLOTS_MAP;
+    let map = ebpf
+        .map_mut(FREE_SLOTS_MAP)
+        .with_context(|| format!("map {FREE_SLOTS_MAP} missing from the eBPF object"))?;
+    let mut free: aya::maps::Stack<_, u32> =
+        aya::maps::Stack::try_from(map).with_context(|| format!("map {FREE_SLOTS_MAP}"))?;
+    for slot in (0..slots).rev() {
+        free.push(slot, 0)
+            .with_context(|| format!("filling map {FREE_SLOTS_MAP}"))?;
+    }
+    Ok(())
 }
 
 /// A loaded object whose programs are not attached yet.
@@ -290,6 +312,10 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     let sched_info = task.sched_info.unwrap_or_default();
     let endpoints_on = u32::from(plan.measured().endpoints);
 
+    let possible_cpus = aya::util::nr_cpus().unwrap_or(1);
+    let slots = options
+        .cpu_slots
+        .unwrap_or_else(|| probe_common::cpu::fast_slots(possible_cpus, options.max_workers));
     let processes_on = u32::from(options.processes);
     let process_offsets = process.values();
     let mut loader = EbpfLoader::new();
@@ -380,11 +406,17 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
             },
         )
         .map_max_entries(probe_common::cpu::CPU_STATS_MAP, options.max_workers)
+        // A map cannot be empty: with no slots asked for, one that is never free.
+        .map_max_entries(probe_common::cpu::CPU_SLOTS_MAP, slots.max(1))
+        .map_max_entries(probe_common::cpu::SLOT_OF_MAP, slots.max(1))
+        .map_max_entries(probe_common::cpu::FREE_SLOTS_MAP, slots.max(1))
         .map_max_entries(probe_common::net::NET_STATS_MAP, options.max_workers)
         .map_max_entries(probe_common::net::ENDPOINTS_MAP, options.max_endpoints)
         .map_max_entries(probe_common::net::ENDPOINT_COUNTS_MAP, options.max_workers)
         .load(EBPF_OBJECT)
         .map_err(|err| classify_load_error(err.into()))?;
+    let mut ebpf = ebpf;
+    free_every_slot(&mut ebpf, slots)?;
     Ok(Loaded {
         ebpf,
         btf,

@@ -28,7 +28,7 @@ use std::{
 use anyhow::Context as _;
 use aya::maps::{Map, MapData};
 use probe_common::{
-    cpu::{CPU_STATS_MAP, LAST_SWITCH_MAP},
+    cpu::{CPU_SLOTS_MAP, CPU_STATS_MAP, FREE_SLOTS_MAP, LAST_SWITCH_MAP, SLOT_OF_MAP},
     drops::DROPS_MAP,
     lifecycle::EVENTS_MAP,
     memory::PROCESS_PEAKS_MAP,
@@ -48,8 +48,11 @@ pub const META: &str = "meta";
 /// carry the memory cgroup's peak, and process peaks have a map.
 pub const FORMAT_VERSION: u32 = 3;
 /// The maps the collector reads, pinned under their own names.
-pub const PINNED_MAPS: [&str; 8] = [
+pub const PINNED_MAPS: [&str; 11] = [
     CPU_STATS_MAP,
+    CPU_SLOTS_MAP,
+    SLOT_OF_MAP,
+    FREE_SLOTS_MAP,
     NET_STATS_MAP,
     DROPS_MAP,
     LAST_SWITCH_MAP,

@@ -72,6 +72,12 @@ pub fn cpu_owner() -> String {
     "workerprobe --programs floor,cpu".to_owned()
 }
 
+/// The agent arguments for `groups` with no slots: every worker's counters through the hash
+/// maps, as before the slots (the per-event section measures both in one window).
+pub fn hashes_only(groups: &str) -> String {
+    format!("{groups} --cpu-slots 0")
+}
+
 /// Owner label of the per-event section's second agent: every group.
 pub fn all_owner(all_groups: &str) -> String {
     format!("workerprobe --programs {all_groups}")
@@ -297,14 +303,15 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 
     progress("per-event cost (bpf_stats on)");
     bpf_stats.write("1")?;
-    // And the groups without waits and endpoints: what they add is the difference.
+    // And the groups without waits and endpoints: what they add is the difference; and every
+    // group with no slots (every worker through the hash maps, the design before slots).
     let without_waits = without_groups(&env.all_groups, &["waits", "endpoints"]);
     results.prog_costs = per_event_costs(
         &env,
         &runner,
         if args.smoke { 1 } else { 3 },
         true,
-        &[without_waits],
+        &[without_waits, hashes_only(&env.all_groups)],
     )?;
     // bpf_stats add a clock read per program run: off for everything timed below.
     bpf_stats.write("0")?;

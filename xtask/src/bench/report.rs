@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use super::peers::Config;
 use super::stats::{Summary, show_opt};
 use super::workloads::Workload;
-use super::{AccuracySample, Results, all_owner, cpu_owner, without_groups};
+use super::{AccuracySample, Results, all_owner, cpu_owner, hashes_only, without_groups};
 
 /// One row of the targets table.
 struct Target {
@@ -162,8 +162,9 @@ fn per_event_section(out: &mut String, r: &Results) {
         out,
         "`kernel.bpf_stats_enabled=1`; Δrun_time_ns / Δrun_cnt of each program over a pinned \
          sched pipe plus a loopback request/response load, with workerprobe (every group; every \
-         group but waits and endpoints; the empty `switch_floor`) and bpftrace attached in \
-         the same window. Includes the stats' own clock reads. bpftrace's programs are classic tracepoints, whose dispatch \
+         group but waits and endpoints; every group with `--cpu-slots 0`, i.e. every worker \
+         through the hash maps as before the slots; the empty `switch_floor`) and bpftrace \
+         attached in the same window. Includes the stats' own clock reads. bpftrace's programs are classic tracepoints, whose dispatch \
          (argument copy into the perf buffer) is not in run_time_ns; the A/B tables show \
          that cost.\n"
     );
@@ -188,17 +189,30 @@ fn per_event_section(out: &mut String, r: &Results) {
         );
     }
     out.push('\n');
-    waits_and_endpoints_cost(out, r);
+    let all = all_owner(&r.all_groups);
+    compare_owners(
+        out,
+        r,
+        "What `waits` and `endpoints` add per event",
+        &all_owner(&without_groups(&r.all_groups, &["waits", "endpoints"])),
+        &all,
+    );
+    compare_owners(
+        out,
+        r,
+        "What the slots save per event (each worker's counters in a per-CPU array slot the \
+         thread remembers, instead of a per-CPU hash looked up by cgroup id at every event)",
+        &all_owner(&hashes_only(&r.all_groups)),
+        &all,
+    );
 }
 
 /// Whether a program name is the one sought.
 type NameMatch = dyn Fn(&str) -> bool;
 
-/// What the waits and endpoints groups add to each hot program: every group against every
-/// group but those two, attached in the same window.
-fn waits_and_endpoints_cost(out: &mut String, r: &Results) {
-    let with = all_owner(&r.all_groups);
-    let without = all_owner(&without_groups(&r.all_groups, &["waits", "endpoints"]));
+/// Each hot program's cost under two agents attached in the same window (`without`, then
+/// `with`), and the difference.
+fn compare_owners(out: &mut String, r: &Results, title: &str, without: &str, with: &str) {
     if with == without {
         return;
     }
@@ -224,7 +238,7 @@ fn waits_and_endpoints_cost(out: &mut String, r: &Results) {
         }),
     ];
     for (label, matches) in hot {
-        if let (Some(a), Some(b)) = (median(&with, matches), median(&without, matches)) {
+        if let (Some(a), Some(b)) = (median(with, matches), median(without, matches)) {
             rows.push(format!("| {label} | {b:.1} | {a:.1} | {:+.1} |", a - b));
         }
     }
@@ -233,7 +247,7 @@ fn waits_and_endpoints_cost(out: &mut String, r: &Results) {
     }
     let _ = writeln!(
         out,
-        "What `waits` and `endpoints` add per event ({without} against {with}, same window):\n\n| program | without (ns) | with (ns) | added (ns) |\n| --- | --- | --- | --- |"
+        "{title} ({without} against {with}, same window):\n\n| program | without (ns) | with (ns) | added (ns) |\n| --- | --- | --- | --- |"
     );
     for row in rows {
         let _ = writeln!(out, "{row}");
@@ -434,36 +448,43 @@ fn targets(r: &Results) -> Vec<Target> {
             .map_or(&[][..], |v| v),
     );
 
-    for (config, goal) in [(Config::Cpu, 5.0), (Config::All, 8.0)] {
+    // The issue's bar: the CPU programs cost nothing beyond the floor's dispatch (a point of
+    // noise), every group at most three points more.
+    let floor_pipe = over(Config::Floor, Workload::Pipe).map_or(f64::NAN, |f| f.median);
+    for (config, points) in [(Config::Cpu, 1.0), (Config::All, 3.0)] {
         let o = over(config, Workload::Pipe);
         let predicted = pipe_base.map_or(f64::NAN, |b| {
             2.0 * switch_ns(r, config) / (b.median * 1e3) * 100.0
         });
         t.push(slowdown_target(
-            format!("pinned sched pipe slowdown, {}", r.labels[&config]),
-            goal,
+            format!(
+                "pinned sched pipe slowdown, {} (goal: the floor's {floor_pipe:.1}% + {points} points)",
+                r.labels[&config]
+            ),
+            round2(floor_pipe + points),
             o,
             format!(
                 "every pinned pipe op is two context switches, so the sched_switch programs' \
                  {:.0} ns per switch (§1, with bpf_stats) on a {:.2} µs op predict {:.1}%; the \
-                 empty floor program alone costs {:.1}% here (tp_btf dispatch on every switch), \
-                 so most of the rest is the program body: a task-storage lookup for the \
-                 outgoing task, a per-CPU hash lookup by cgroup id, and BTF-checked loads (no \
-                 helper calls, no clock reads). Closing it: a per-cgroup slot index kept in \
-                 cgroup-local storage so the counters become a per-CPU array update instead of \
-                 a hash lookup.",
+                 empty floor program alone costs {floor_pipe:.1}% here (tp_btf dispatch on \
+                 every switch). The rest is the program body: this CPU's last-switch record, \
+                 a task-storage lookup for the outgoing task (its runtime baseline and its \
+                 worker's slot) and a per-CPU array update; with waits, reading the kind of \
+                 file a sleep waits on (fd table, file, inode: three kernel reads at every \
+                 sleep on a file descriptor, the largest part left).",
                 switch_ns(r, config),
                 pipe_base.map_or(f64::NAN, |b| b.median),
                 predicted,
-                over(Config::Floor, Workload::Pipe).map_or(f64::NAN, |f| f.median)
             ),
         ));
     }
 
     let floor = r.prog_ns(&cpu_owner(), "switch_floor");
+    let hashes = all_owner(&hashes_only(&r.all_groups));
     for p in r.prog_costs.iter().filter(|p| {
         p.owner.starts_with("workerprobe")
-            && p.name.starts_with("switch_")
+            && p.owner != hashes
+            && (p.name.starts_with("switch_") || p.name == "wakeup" || p.name.starts_with("sock_"))
             && p.name != "switch_floor"
     }) {
         let ns = Summary::of(&p.ns_per_event);
@@ -471,9 +492,10 @@ fn targets(r: &Results) -> Vec<Target> {
             (Some(n), Some(f)) if f.median > 0.0 => Some(n.median / f.median),
             _ => None,
         };
+        let (goal, why) = per_event_goal(&p.name);
         t.push(Target {
             what: format!("`{}` ({}) cost vs the empty floor", p.name, p.owner),
-            goal: "≤ 2.0×".to_owned(),
+            goal: format!("≤ {goal:.1}×"),
             measured: ratio.map_or("n/a".to_owned(), |x| {
                 format!(
                     "{x:.2}× ({:.1} vs {:.1} ns)",
@@ -481,14 +503,10 @@ fn targets(r: &Results) -> Vec<Target> {
                     floor.map_or(f64::NAN, |s| s.median)
                 )
             }),
-            met: ratio.map(|x| x <= 2.0),
+            met: ratio.map(|x| x <= goal),
             why: format!(
                 "the floor's {:.1} ns is dispatch plus bpf_stats; the {:.1} ns above it is the \
-                 program body: one task-storage lookup (the outgoing task's runtime baseline), \
-                 one per-CPU hash lookup by cgroup id and a few BTF-checked loads; it calls no \
-                 other helper and reads no clock. Closing it: the hash lookup is the largest \
-                 part; a slot index per cgroup in cgroup-local storage would make it an array \
-                 update.",
+                 program body: {why}",
                 floor.map_or(f64::NAN, |s| s.median),
                 ns.zip(floor).map_or(f64::NAN, |(n, f)| n.median - f.median)
             ),
@@ -507,9 +525,11 @@ fn targets(r: &Results) -> Vec<Target> {
         format!(
             "each round trip is two sends, two receives and at least two context switches on \
              one CPU: {sock:.0} ns of socket programs per send+receive pair plus {:.0} ns per \
-             switch (§1). Each socket program is one per-CPU hash lookup by cgroup id plus two \
-             BTF-checked loads (family, cgroup); closing it needs the same per-cgroup slot \
-             index as sched_switch, and a cheaper sched_switch program.",
+             switch (§1). Each socket program adds to its worker's slot (found through the \
+             thread's task storage) and, with endpoints, looks the peer up in a per-CPU hash \
+             keyed by worker and address and claims the thread's network sleeps; closing it \
+             needs the peer resolved once per socket (socket-local storage) and a cheaper \
+             sched_switch program.",
             switch_ns(r, Config::All)
         ),
     ));
@@ -653,6 +673,37 @@ fn targets(r: &Results) -> Vec<Target> {
             .to_owned(),
     });
     t
+}
+
+/// The issue's per-event bar for a program (× the empty floor), and what its body does.
+fn per_event_goal(name: &str) -> (f64, &'static str) {
+    match name {
+        "wakeup" => (
+            1.3,
+            "a task-storage lookup for the woken task, its sleep's length from the scheduler's \
+             own timestamps, and an update of its worker's slot (a per-CPU array entry).",
+        ),
+        n if n.starts_with("sock_") => (
+            1.5,
+            "two BTF-checked loads (family, cgroup), a task-storage lookup for the calling \
+             thread (its worker's slot) and an update of the slot; with endpoints, a per-CPU \
+             hash lookup by worker and peer (a 32-byte key) and the thread's unclaimed \
+             network sleeps (one more helper for its system call number).",
+        ),
+        _ => (
+            1.5,
+            "this CPU's last-switch record, one task-storage lookup (the outgoing task's \
+             runtime baseline, and its worker's slot) and a per-CPU array update; no clock \
+             read. With waits, at every sleep the system call from the task's registers and, \
+             for a call on a file descriptor, the file's kind through three kernel reads (fd \
+             table, file, inode), the largest part left.",
+        ),
+    }
+}
+
+/// Rounds to two decimals (a goal shown as text).
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
 }
 
 /// A "slowdown ≤ goal %" target on the median per-round overhead.
