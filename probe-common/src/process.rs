@@ -16,6 +16,24 @@ pub const PROCESS_EVENTS_BYTES: u32 = 1024 * 1024;
 pub const PROCESS_CPU_MAP: &str = "PROCESS_CPU";
 /// Processes `PROCESS_CPU` holds.
 pub const PROCESS_CPU_ENTRIES: u32 = 65_536;
+/// Name of the per-CPU map of each process's socket bytes so far (pid → [`ProcessBytes`]),
+/// kept by the socket programs for process workers so a running tree's bytes can be read
+/// live; user space frees each process's entry at its end.
+pub const PROCESS_NET_MAP: &str = "PROCESS_NET";
+
+/// One process's socket payload on one CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessBytes {
+    /// Bytes its threads sent.
+    pub sent_bytes: u64,
+    /// Bytes its threads received.
+    pub received_bytes: u64,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.
+unsafe impl aya::Pod for ProcessBytes {}
 /// Global: 1 when process events are wanted; read-only, so the verifier drops their code
 /// from the programs when it is 0.
 pub const PROCESSES_ON_GLOBAL: &str = "PROCESSES_ON";
@@ -108,11 +126,14 @@ pub struct ThreadEnd {
     pub sent_bytes: u64,
     /// Socket payload the thread received.
     pub received_bytes: u64,
+    /// The thread's sleeps by wait reason (`crate::wait::WAIT_*`), ns.
+    pub wait_ns: [u64; crate::wait::WAIT_REASONS],
     /// The thread's name (`comm`), NUL-padded.
     pub comm: [u8; 16],
 }
 
-const _: () = assert!(core::mem::size_of::<ThreadEnd>() == 24 + 12 * 8 + 16);
+const _: () =
+    assert!(core::mem::size_of::<ThreadEnd>() == 24 + 12 * 8 + 8 * crate::wait::WAIT_REASONS + 16);
 
 /// Fields the process programs read, resolved from the kernel's BTF.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

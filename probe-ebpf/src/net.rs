@@ -238,12 +238,14 @@ fn account(sock: *const u8, bytes: u64, sent: bool) {
         return;
     };
     if crate::process::on() {
-        // The thread's own bytes, for its process's summary.
+        // The thread's own bytes, for its process's summary, and its process's so far, for
+        // a running tree's.
         if sent {
             state.sent_bytes += bytes;
         } else {
             state.received_bytes += bytes;
         }
+        crate::process::add_bytes(task::tgid(current), bytes, sent);
     }
     match crate::sched::task_slot(state, cgroup_id) {
         // SAFETY: this CPU's value; no other writer while we run.

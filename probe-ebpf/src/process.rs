@@ -21,7 +21,7 @@ use probe_common::{
     drops::DROP_PROCESS_EVENTS,
     process::{
         ARGS_BYTES, PROCESS_CPU_ENTRIES, PROCESS_EVENTS_BYTES, PROCESS_EXECED, PROCESS_FORKED,
-        ProcessExec, ProcessFork, THREAD_ENDED, ThreadEnd,
+        ProcessBytes, ProcessExec, ProcessFork, THREAD_ENDED, ThreadEnd,
     },
 };
 
@@ -49,6 +49,36 @@ pub(crate) fn add_cpu(pid: u32, slice_ns: u64) {
         unsafe { *total += slice_ns };
     } else {
         let _ = PROCESS_CPU.insert(pid, slice_ns, 0);
+    }
+}
+
+/// pid → its threads' socket payload so far on this CPU, for a running tree's live bytes
+/// (the final figures come with each thread's end).
+#[map]
+static PROCESS_NET: PerCpuHashMap<u32, ProcessBytes> =
+    PerCpuHashMap::with_max_entries(PROCESS_CPU_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Adds a socket call's bytes to `pid`'s on this CPU (called by the socket programs).
+#[inline(always)]
+pub(crate) fn add_bytes(pid: u32, bytes: u64, sent: bool) {
+    let counted = match PROCESS_NET.get_ptr_mut(pid) {
+        Some(counted) => counted,
+        None => {
+            let _ = PROCESS_NET.insert(pid, ProcessBytes::default(), 0);
+            let Some(counted) = PROCESS_NET.get_ptr_mut(pid) else {
+                return;
+            };
+            counted
+        }
+    };
+    // SAFETY: this CPU's value; a racing call on this CPU may lose an update, as the
+    // cgroup counters may (the final figures come from the threads' own tallies).
+    unsafe {
+        if sent {
+            (*counted).sent_bytes += bytes;
+        } else {
+            (*counted).received_bytes += bytes;
+        }
     }
 }
 
@@ -81,6 +111,14 @@ static SIGNAL_NR_THREADS_OFFSET: Global<u32> = Global::new(0);
 #[inline(always)]
 pub(crate) fn on() -> bool {
     PROCESSES_ON.load() != 0
+}
+
+/// Adds an ended sleep to the thread's own tally by the reason it slept for, for its
+/// process's summary.
+#[inline(always)]
+pub(crate) fn add_wait(state: &mut task::TaskState, slept_ns: u64) {
+    let reason = state.reason as usize & (probe_common::wait::WAIT_REASONS - 1);
+    state.own_wait_ns[reason] += slept_ns;
 }
 
 /// CLOCK_MONOTONIC ns.
@@ -183,7 +221,7 @@ pub(crate) const TASK_DEAD: u64 = 0x80;
 /// Written field by field into the ring: a `ThreadEnd` built on the stack would not fit
 /// beside the switch program's own.
 #[inline(never)]
-pub(crate) fn thread_end(thread: task::Task, sent_bytes: u64, received_bytes: u64) {
+pub(crate) fn thread_end(thread: task::Task, state: Option<&task::TaskState>) {
     let Some(mut entry) = PROCESS_EVENTS.reserve::<ThreadEnd>(0) else {
         count_drop(DROP_PROCESS_EVENTS);
         return;
@@ -210,8 +248,20 @@ pub(crate) fn thread_end(thread: task::Task, sent_bytes: u64, received_bytes: u6
         (*end).voluntary_switches = field(thread, TASK_NVCSW_OFFSET.load());
         (*end).involuntary_switches = field(thread, TASK_NIVCSW_OFFSET.load());
         (*end).max_rss_pages = task::max_rss_pages(thread);
-        (*end).sent_bytes = sent_bytes;
-        (*end).received_bytes = received_bytes;
+        // Told even when the thread has no state (its bytes and sleeps then 0): a lost end
+        // would keep its process from ever ending.
+        match state {
+            Some(state) => {
+                (*end).sent_bytes = state.sent_bytes;
+                (*end).received_bytes = state.received_bytes;
+                (*end).wait_ns = state.own_wait_ns;
+            }
+            None => {
+                (*end).sent_bytes = 0;
+                (*end).received_bytes = 0;
+                (*end).wait_ns = [0; probe_common::wait::WAIT_REASONS];
+            }
+        }
         (*end).comm = field(thread, TASK_COMM_OFFSET.load());
     }
     entry.submit(0);

@@ -281,6 +281,9 @@ fn on_wakeup(task: Task) {
         _ => return, // woken before it got off the CPU
     };
     state.state = RUNNING;
+    if crate::process::on() {
+        crate::process::add_wait(state, slept_ns);
+    }
     charge_sleep(state, task, slept_ns, blocked_io);
     if state.reason == WAIT_NETWORK {
         // For the socket programs to charge to the peer when this call returns.
@@ -330,6 +333,9 @@ fn recover_unseen_wakeup(state: &mut TaskState, prev: Task) {
     let waited_ns = task::run_delay_ns(prev).saturating_sub(state.accounted_run_delay_ns);
     let woken_at_ns = task::last_arrival_ns(prev).saturating_sub(waited_ns);
     let slept_ns = woken_at_ns.saturating_sub(state.slept_at_ns);
+    if crate::process::on() {
+        crate::process::add_wait(state, slept_ns);
+    }
     keep_pending(state, slept_ns, state.state == BLOCKED_IO);
     state.state = RUNNING;
 }
@@ -504,11 +510,7 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     }
     let prev_state: u64 = ctx.arg(3);
     if crate::process::on() && prev_state & crate::process::TASK_DEAD != 0 {
-        // Told even when the thread has no state (its bytes then 0): a lost end would keep
-        // its process from ever ending.
-        let bytes = task::existing_state(prev)
-            .map_or((0, 0), |state| (state.sent_bytes, state.received_bytes));
-        crate::process::thread_end(prev, bytes.0, bytes.1);
+        crate::process::thread_end(prev, task::existing_state(prev).as_deref());
     }
     let Some(state) = task::state(prev) else {
         count_drop(DROP_TASK_STATE);

@@ -336,6 +336,8 @@ pub struct TaskState {
     pub slot: u32,
     /// Keeps the size a multiple of 8.
     pub reserved: u32,
+    /// Its own sleeps by wait reason, ns (process workers only).
+    pub own_wait_ns: [u64; probe_common::wait::WAIT_REASONS],
 }
 
 /// [`TaskState::flags`]: the baselines are set.

@@ -16,7 +16,7 @@ use probe_common::{
     net::{
         ENDPOINT_COUNTS_MAP, ENDPOINTS_MAP, EndpointKey, EndpointStats, NET_STATS_MAP, NetStats,
     },
-    process::{PROCESS_CPU_MAP, PROCESS_EVENTS_MAP},
+    process::{PROCESS_CPU_MAP, PROCESS_EVENTS_MAP, PROCESS_NET_MAP, ProcessBytes},
 };
 
 use crate::{
@@ -85,6 +85,8 @@ pub struct KernelCollector {
     process_events: Option<RingReader<ProcessEvent>>,
     /// Each process's CPU time per CPU, for process workers (absent from a pinned set).
     process_cpu: Option<PerCpuHashMap<MapData, u32, u64>>,
+    /// Each running process's socket bytes per CPU, for live trees (absent from a pinned set).
+    process_net: Option<PerCpuHashMap<MapData, u32, ProcessBytes>>,
     /// Largest resident set of each worker's exited processes, per CPU (pages).
     process_peaks: PerCpuHashMap<MapData, u64, u64>,
     /// Removed cgroups' memory cgroup peaks (bytes), as their removal events told, until
@@ -152,6 +154,9 @@ impl KernelCollector {
         let process_cpu = take(PROCESS_CPU_MAP)
             .ok()
             .and_then(|map| PerCpuHashMap::try_from(map).ok());
+        let process_net = take(PROCESS_NET_MAP)
+            .ok()
+            .and_then(|map| PerCpuHashMap::try_from(map).ok());
         let process_peaks = PerCpuHashMap::try_from(take(PROCESS_PEAKS_MAP)?)
             .with_context(|| format!("map {PROCESS_PEAKS_MAP}"))?;
         let measured = probe.measured();
@@ -161,6 +166,7 @@ impl KernelCollector {
             process_ring,
             process_events: None,
             process_cpu,
+            process_net,
             process_peaks,
             removed_memory_peaks: std::collections::BTreeMap::new(),
             page_bytes: page_bytes(),
@@ -408,8 +414,11 @@ impl KernelCollector {
     }
 
     /// A process's CPU time on each CPU as the sched_switch programs added it up, then its
-    /// entry is freed; empty when the programs kept none for it.
+    /// entries (CPU and live bytes) are freed; empty when the programs kept none for it.
     pub fn take_process_cpu(&mut self, pid: u32) -> Vec<u64> {
+        if let Some(net) = self.process_net.as_mut() {
+            let _ = net.remove(&pid);
+        }
         let Some(map) = self.process_cpu.as_mut() else {
             return Vec::new();
         };
@@ -419,6 +428,15 @@ impl KernelCollector {
             .unwrap_or_default();
         let _ = map.remove(&pid);
         per_cpu
+    }
+
+    /// A running process's socket bytes so far, sent and received, all its threads; `None`
+    /// when it has made no socket call (or process workers are off).
+    pub fn live_process_bytes(&self, pid: u32) -> Option<(u64, u64)> {
+        let per_cpu = self.process_net.as_ref()?.get(&pid, 0).ok()?;
+        Some(per_cpu.iter().fold((0, 0), |(sent, received), on_cpu| {
+            (sent + on_cpu.sent_bytes, received + on_cpu.received_bytes)
+        }))
     }
 
     /// The memory peaks the kernel kept for a removed worker, then their entries are freed.

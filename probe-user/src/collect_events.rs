@@ -206,6 +206,7 @@ pub fn decode_process_event(item: &[u8]) -> Option<ProcessEvent> {
                 max_rss_bytes: end.max_rss_pages * page_bytes(),
                 sent_bytes: end.sent_bytes,
                 received_bytes: end.received_bytes,
+                wait_ns: end.wait_ns,
                 comm: String::from_utf8_lossy(&end.comm[..comm_len]).into_owned(),
             }))
         }

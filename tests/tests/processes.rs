@@ -411,3 +411,158 @@ fn a_process_pinned_to_one_cpu_has_its_cpu_time_there() {
     );
     eprintln!("pinned to CPU {cpu}: {per_cpu:?} of {total} ns");
 }
+
+/// Within 5% or 10 ms of what the workload timed (as the cgroup workers' waits test).
+fn close_to(ours_ns: u64, timed_ns: u64) -> bool {
+    let tolerance = (timed_ns as f64 * 0.05).max(10e6);
+    (ours_ns as f64 - timed_ns as f64).abs() <= tolerance
+}
+
+/// A process's sleeps, summed over its threads, are split by what each waited on: each
+/// reason is what the workload timed of its own waits of that kind (the same workload as the
+/// cgroup workers' waits test, here as one process's summary).
+#[test]
+fn a_process_sleeps_are_split_by_what_it_waited_on() {
+    let cgroup = TestCgroup::new("procwaits");
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address").to_string();
+    let pattern = format!("/{}", cgroup.name());
+    let mut timed = Value::Null;
+    let mut pid = 0;
+    let lines = watch_while(&["--processes", "--workers", &pattern], || {
+        let mut child =
+            cgroup.spawn_workload(&["reasons", &workerprobe_tests::scratch_dir(), &addr]);
+        pid = child.id();
+        let (mut peer, _) = listener.accept().expect("accept");
+        workerprobe_tests::read_first_json_line(&mut child);
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+        // The peer (this test, outside the worker) answers half a second after the ping.
+        let mut ping = [0u8; 5];
+        peer.read_exact(&mut ping).expect("ping");
+        std::thread::sleep(Duration::from_millis(500));
+        peer.write_all(b"!").expect("answer");
+        timed = workerprobe_tests::wait_json(child);
+    });
+    let summary = process_exits(&lines)
+        .find(|line| line["pid"].as_u64() == Some(u64::from(pid)))
+        .unwrap_or_else(|| panic!("no summary of process {pid}: {lines:?}"));
+    let waiting = &summary["counters"]["waiting_on_ns"];
+    eprintln!("process {pid} waited on {waiting}; the workload timed {timed}");
+    for (reason, key) in [
+        ("timer", "timer_ns"),
+        ("network", "network_ns"),
+        ("lock", "lock_ns"),
+        ("child", "child_ns"),
+        ("pipe", "pipe_ns"),
+    ] {
+        let (ours, theirs) = (u64_of(waiting, &[reason]), u64_of(&timed, &[key]));
+        assert!(
+            close_to(ours, theirs),
+            "{reason}: {ours} ns, the workload timed {theirs} ns"
+        );
+    }
+    // Disk holds the file's whole life and, unlike the cgroup test's interval after the
+    // start signal, the process's whole life: its first page faults read its program in.
+    let (disk, file_life) = (u64_of(waiting, &["disk"]), u64_of(&timed, &["disk_ns"]));
+    assert!(
+        disk > 0 && (disk >= file_life || close_to(disk, file_life)),
+        "disk {disk} ns; the workload was off the CPU for {file_life} ns of its file's life"
+    );
+    // Its sleeps are part of its threads' time off the CPU, not more.
+    let asleep: u64 = waiting
+        .as_object()
+        .expect("reasons")
+        .values()
+        .map(|ns| ns.as_u64().expect("ns"))
+        .sum();
+    let off_cpu = u64_of(summary, &["counters", "off_cpu_ns"]);
+    assert!(
+        asleep <= off_cpu + 10_000_000,
+        "asleep {asleep} ns, off the CPU {off_cpu} ns"
+    );
+}
+
+/// `serve --process` exposes a running tree's socket bytes, not only at its end: what its
+/// process has received so far, exactly as it counted, while it still runs; the same after.
+#[test]
+fn serve_shows_a_named_trees_bytes_while_it_runs() {
+    let cgroup = TestCgroup::new("livebytes");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("address")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut serve = workerprobe_tests::KillOnDrop(start_agent(
+        &[
+            "serve",
+            "--listen",
+            &addr,
+            "--interval",
+            "250ms",
+            "--process",
+            r"wpbytes:wp-workload hold-recv (?P<label>\w+)",
+        ],
+        "serving",
+    ));
+    const BYTES: usize = 3_000_000;
+    let peer = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let peer_addr = peer.local_addr().expect("address").to_string();
+    let sender = std::thread::spawn(move || {
+        let (mut stream, _) = peer.accept().expect("accept");
+        stream.write_all(&vec![5u8; BYTES]).expect("send");
+        // Open until the workload ends, so it never sees EOF early.
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest);
+    });
+    let label = format!("bytes{}", std::process::id());
+    let mut command = std::process::Command::new(workerprobe_tests::workload_path());
+    command
+        .args(["hold-recv", &label, &peer_addr, &BYTES.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut holder =
+        workerprobe::cgroup::spawn_in_cgroup(&mut command, &cgroup.dir).expect("spawn the holder");
+    let counted = workerprobe_tests::read_first_json_line(&mut holder);
+    let counted = u64_of(&counted, &["received_bytes"]);
+    let selector = format!("id_label=\"{label}\"");
+    // While it runs: its series, running, with every byte it counted.
+    let mut running_bytes = None;
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(100));
+        let text = scrape(&addr);
+        if sample_value(&text, "workerprobe_process_tree_running", &selector) == Some(1.0)
+            && let Some(bytes) = sample_value(
+                &text,
+                "workerprobe_process_tree_received_bytes_total",
+                &selector,
+            )
+            && bytes >= counted as f64
+        {
+            running_bytes = Some(bytes);
+            break;
+        }
+    }
+    let running_bytes = running_bytes.expect("the tree's received bytes while it ran");
+    assert_eq!(running_bytes, counted as f64, "while running");
+    drop(holder.stdin.take());
+    assert!(holder.wait().expect("wait").success());
+    sender.join().expect("sender");
+    let mut final_bytes = None;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let text = scrape(&addr);
+        if sample_value(&text, "workerprobe_process_tree_running", &selector) == Some(0.0) {
+            final_bytes = sample_value(
+                &text,
+                "workerprobe_process_tree_received_bytes_total",
+                &selector,
+            );
+            break;
+        }
+    }
+    assert_eq!(final_bytes, Some(counted as f64), "after its end");
+    stop(&mut serve.0);
+    eprintln!("live tree bytes: {running_bytes} while running, counted {counted}");
+}

@@ -189,10 +189,13 @@ impl Watcher {
             .collect())
     }
 
-    /// The named trees still running, with their CPU so far (none without process workers).
+    /// The named trees still running, with their CPU and bytes so far (none without process
+    /// workers).
     pub fn live_trees(&self) -> Vec<crate::model::process::LiveTree> {
         self.processes.as_ref().map_or_else(Vec::new, |tracker| {
-            tracker.live_trees(&crate::cgroup::read_process_threads_runtime_ns)
+            tracker.live_trees(&crate::cgroup::read_process_threads_runtime_ns, &|pid| {
+                self.collector.live_process_bytes(pid)
+            })
         })
     }
 
@@ -419,7 +422,7 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
         .into());
     }
     let collector = super::start_collector_with(&args.probe, processes)?;
-    let net = collector.measured().net;
+    let measured = collector.measured();
     if processes && !collector.measured().cpu {
         // Each thread's end is told by the sched_switch programs.
         return Err(crate::error::UserError::BadInput(
@@ -468,7 +471,7 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
         for summary in watcher.poll() {
             lines.push(render(&summary, args.json)?);
         }
-        lines.extend(render_processes(&mut watcher, args.json, net)?);
+        lines.extend(render_processes(&mut watcher, args.json, measured)?);
         for line in lines {
             if !output.write(line) {
                 return Ok(()); // the reader went away
@@ -489,7 +492,7 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
                 for summary in watcher.poll() {
                     output.write(render(&summary, args.json)?);
                 }
-                for line in render_processes(&mut watcher, args.json, net)? {
+                for line in render_processes(&mut watcher, args.json, measured)? {
                     output.write(line);
                 }
                 if !watcher.settling() || Instant::now() >= give_up {
@@ -505,25 +508,34 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
 
 /// The processes and named trees that ended, as lines (a Lithops call's record after its
 /// tree's).
-fn render_processes(watcher: &mut Watcher, json: bool, net: bool) -> anyhow::Result<Vec<String>> {
+fn render_processes(
+    watcher: &mut Watcher,
+    json: bool,
+    measured: crate::model::Measured,
+) -> anyhow::Result<Vec<String>> {
     let boot_offset_ns = watcher.boot_offset_ns();
     let mut lines = Vec::new();
     for (end, path) in watcher.poll_processes()? {
         match end {
             ProcessEnd::Process(summary) if json => lines.push(
-                process_sink::process_json(&summary, path.as_deref(), boot_offset_ns, net)
+                process_sink::process_json(&summary, path.as_deref(), boot_offset_ns, measured)
                     .to_string(),
             ),
             ProcessEnd::Process(summary) => {
-                lines.push(process_sink::process_line(&summary, path.as_deref(), net));
+                lines.push(process_sink::process_line(
+                    &summary,
+                    path.as_deref(),
+                    measured,
+                ));
             }
             ProcessEnd::Tree(tree) if json => {
-                lines.push(process_sink::tree_json(&tree, boot_offset_ns, net).to_string());
-                if let Some(call) = process_sink::lithops_call_json(&tree, boot_offset_ns, net) {
+                lines.push(process_sink::tree_json(&tree, boot_offset_ns, measured).to_string());
+                if let Some(call) = process_sink::lithops_call_json(&tree, boot_offset_ns, measured)
+                {
                     lines.push(call.to_string());
                 }
             }
-            ProcessEnd::Tree(tree) => lines.push(process_sink::tree_line(&tree, net)),
+            ProcessEnd::Tree(tree) => lines.push(process_sink::tree_line(&tree, measured)),
         }
     }
     Ok(lines)

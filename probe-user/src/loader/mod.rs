@@ -398,6 +398,14 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
             },
         )
         .map_max_entries(
+            probe_common::process::PROCESS_NET_MAP,
+            if options.processes {
+                probe_common::process::PROCESS_CPU_ENTRIES
+            } else {
+                1
+            },
+        )
+        .map_max_entries(
             probe_common::process::PROCESS_EVENTS_MAP,
             if options.processes {
                 probe_common::process::PROCESS_EVENTS_BYTES

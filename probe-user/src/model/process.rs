@@ -7,6 +7,7 @@
 //! waited for), split into user and system as the kernel splits it (tick-sampled shares of
 //! the precise total).
 
+use probe_common::wait::WAIT_REASONS;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,8 @@ pub struct ThreadTotals {
     pub sent_bytes: u64,
     /// Socket payload received.
     pub received_bytes: u64,
+    /// Its sleeps by wait reason (`probe_common::wait::WAIT_*`), ns.
+    pub wait_ns: [u64; WAIT_REASONS],
     /// Thread name.
     pub comm: String,
 }
@@ -185,6 +188,10 @@ pub struct ProcessCounters {
     pub received_bytes: u64,
     /// Threads that ended.
     pub threads: u64,
+    /// Thread time asleep by what it waited on (`probe_common::wait::WAIT_NAMES`), ns: how
+    /// `off_cpu_ns` divides (shown only where the wait reasons were measured).
+    #[serde(skip)]
+    pub wait_ns: [u64; WAIT_REASONS],
     #[serde(skip)]
     utime_ns: u64,
     #[serde(skip)]
@@ -205,6 +212,9 @@ impl ProcessCounters {
         self.involuntary_switches += thread.involuntary_switches;
         self.sent_bytes += thread.sent_bytes;
         self.received_bytes += thread.received_bytes;
+        for (sum, add) in self.wait_ns.iter_mut().zip(thread.wait_ns) {
+            *sum += add;
+        }
         self.threads += 1;
         self.split();
     }
@@ -223,6 +233,9 @@ impl ProcessCounters {
         self.involuntary_switches += other.involuntary_switches;
         self.sent_bytes += other.sent_bytes;
         self.received_bytes += other.received_bytes;
+        for (sum, add) in self.wait_ns.iter_mut().zip(other.wait_ns) {
+            *sum += add;
+        }
         self.threads += other.threads;
     }
 
@@ -347,6 +360,10 @@ pub struct LiveTree {
     pub processes: u64,
     /// Its CPU time so far, ns.
     pub cpu_ns: u64,
+    /// Socket payload its processes sent so far, bytes.
+    pub sent_bytes: u64,
+    /// Socket payload its processes received so far, bytes.
+    pub received_bytes: u64,
 }
 
 /// One named tree's series in an exposition.
@@ -358,6 +375,10 @@ pub struct TreeSeries {
     pub processes: u64,
     /// CPU time so far, ns; never lower than an earlier exposition's.
     pub cpu_ns: u64,
+    /// Socket payload sent so far, bytes; never lower than an earlier exposition's.
+    pub sent_bytes: u64,
+    /// Socket payload received so far, bytes; never lower than an earlier exposition's.
+    pub received_bytes: u64,
     /// Whether it still runs.
     pub running: bool,
 }
@@ -385,14 +406,17 @@ impl TreeSeriesBook {
     pub fn observe(&mut self, live: Vec<LiveTree>) {
         let mut running = HashMap::with_capacity(live.len());
         for tree in live {
-            let before = self.running.get(&tree.id).map_or(0, |series| series.cpu_ns);
+            let before = self.running.get(&tree.id);
+            let at_least = |now: u64, then: fn(&TreeSeries) -> u64| now.max(before.map_or(0, then));
             running.insert(
                 tree.id,
                 TreeSeries {
+                    // A process ending between two reads can be briefly in neither part.
+                    cpu_ns: at_least(tree.cpu_ns, |s| s.cpu_ns),
+                    sent_bytes: at_least(tree.sent_bytes, |s| s.sent_bytes),
+                    received_bytes: at_least(tree.received_bytes, |s| s.received_bytes),
                     label: tree.label,
                     processes: tree.processes,
-                    // A process ending between two reads can be briefly in neither part.
-                    cpu_ns: tree.cpu_ns.max(before),
                     running: true,
                 },
             );
@@ -402,16 +426,17 @@ impl TreeSeriesBook {
 
     /// A tree ended at `now` with these final figures.
     pub fn ended(&mut self, tree: &TreeSummary, now: Instant) {
-        let before = self
-            .running
-            .remove(&tree.id)
-            .map_or(0, |series| series.cpu_ns);
+        let before = self.running.remove(&tree.id);
+        let at_least =
+            |now: u64, then: fn(&TreeSeries) -> u64| now.max(before.as_ref().map_or(0, then));
         self.ended.push_back((
             now + self.grace,
             TreeSeries {
                 label: tree.label.clone(),
                 processes: tree.processes,
-                cpu_ns: tree.counters.cpu_ns.max(before),
+                cpu_ns: at_least(tree.counters.cpu_ns, |s| s.cpu_ns),
+                sent_bytes: at_least(tree.counters.sent_bytes, |s| s.sent_bytes),
+                received_bytes: at_least(tree.counters.received_bytes, |s| s.received_bytes),
                 running: false,
             },
         ));
@@ -756,35 +781,58 @@ impl ProcessTracker {
         ends
     }
 
-    /// Every named tree still running, with its CPU so far: its ended processes' final
-    /// counters, and for each live process its ended threads' plus what `live_runtime_ns`
-    /// reads of its running threads (given the pid and whether its main thread has ended,
-    /// so a main thread waiting to be reaped is not counted twice).
-    pub fn live_trees(&self, live_runtime_ns: &dyn Fn(u32, bool) -> u64) -> Vec<LiveTree> {
-        let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
+    /// Every named tree still running, with its CPU and bytes so far: its ended processes'
+    /// final counters, and for each live process its ended threads' CPU plus what
+    /// `live_runtime_ns` reads of its running threads (given the pid and whether its main
+    /// thread has ended, so a main thread waiting to be reaped is not counted twice), and
+    /// what `live_bytes` reads of its bytes so far (all its threads; `None` if none yet).
+    pub fn live_trees(
+        &self,
+        live_runtime_ns: &dyn Fn(u32, bool) -> u64,
+        live_bytes: &dyn Fn(u32) -> Option<(u64, u64)>,
+    ) -> Vec<LiveTree> {
+        #[derive(Default)]
+        struct SoFar {
+            processes: u64,
+            cpu_ns: u64,
+            sent_bytes: u64,
+            received_bytes: u64,
+        }
+        let mut live: HashMap<u64, SoFar> = HashMap::new();
         for (&pid, process) in &self.processes {
             let Some(tree) = process.tree else {
                 continue;
             };
             let entry = live.entry(tree).or_default();
-            entry.0 += 1;
-            if process.last.is_some() {
-                // Ended, its summary on its way into the tree: its final counters.
-                entry.1 += process.counters.cpu_ns;
-                continue;
+            entry.processes += 1;
+            let ended = process.last.is_some();
+            // Ended, its summary on its way into the tree: its final counters.
+            let (sent, received) = match live_bytes(pid) {
+                Some((sent, received)) if !ended => (
+                    sent.max(process.counters.sent_bytes),
+                    received.max(process.counters.received_bytes),
+                ),
+                _ => (process.counters.sent_bytes, process.counters.received_bytes),
+            };
+            entry.sent_bytes += sent;
+            entry.received_bytes += received;
+            entry.cpu_ns += process.counters.cpu_ns;
+            if !ended {
+                let main_ended = process.main.as_ref().is_some_and(|main| main.tid == pid);
+                entry.cpu_ns += live_runtime_ns(pid, main_ended);
             }
-            let main_ended = process.main.as_ref().is_some_and(|main| main.tid == pid);
-            entry.1 += process.counters.cpu_ns + live_runtime_ns(pid, main_ended);
         }
         self.trees
             .iter()
             .map(|(id, tree)| {
-                let (processes, cpu_ns) = live.get(id).copied().unwrap_or_default();
+                let so_far = live.remove(id).unwrap_or_default();
                 LiveTree {
                     id: *id,
                     label: tree.label.clone(),
-                    processes: tree.processes + processes,
-                    cpu_ns: tree.counters.cpu_ns + cpu_ns,
+                    processes: tree.processes + so_far.processes,
+                    cpu_ns: tree.counters.cpu_ns + so_far.cpu_ns,
+                    sent_bytes: tree.counters.sent_bytes + so_far.sent_bytes,
+                    received_bytes: tree.counters.received_bytes + so_far.received_bytes,
                 }
             })
             .collect()
@@ -979,17 +1027,24 @@ mod tests {
             );
         }
         tracker.apply(
-            ProcessEvent::ThreadEnded(thread(31, 31, 100, 1, 0)),
+            ProcessEvent::ThreadEnded(ThreadTotals {
+                received_bytes: 40,
+                ..thread(31, 31, 100, 1, 0)
+            }),
             now,
             &no_command,
         );
         let _ = tracker.take_due(now + SETTLE, &mut |_| vec![1, 3]);
         // Running: 30 (its threads read 1,000) and 32 (2,000); 31 ended with 100.
         let read = |pid: u32, _| if pid == 30 { 1_000 } else { 2_000 };
-        let trees = tracker.live_trees(&read);
+        // Bytes so far: 30 received 500 and sent 7; 32 none yet; 31's map entry is gone.
+        let bytes = |pid: u32| (pid == 30).then_some((7, 500));
+        let trees = tracker.live_trees(&read, &bytes);
         assert_eq!(trees.len(), 1);
         assert_eq!(trees[0].processes, 3);
         assert_eq!(trees[0].cpu_ns, 3_100);
+        assert_eq!(trees[0].received_bytes, 540);
+        assert_eq!(trees[0].sent_bytes, 7);
         assert_eq!(trees[0].label.ids["n"], "7");
     }
 
@@ -1004,7 +1059,7 @@ mod tests {
             (42, 41, None),
             (50, 1, Some("other".into())),
         ]);
-        let trees = tracker.live_trees(&|_, _| 10);
+        let trees = tracker.live_trees(&|_, _| 10, &|_| None);
         assert_eq!(trees.len(), 1, "{trees:?}");
         assert_eq!(trees[0].label.root_pid, 40);
         assert_eq!(trees[0].processes, 3);

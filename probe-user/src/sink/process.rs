@@ -4,17 +4,19 @@
 use serde_json::{Value, json};
 
 use crate::model::{
+    Measured,
     process::{ProcessCounters, ProcessSummary, TreeSummary},
     summary::Moment,
 };
+use probe_common::wait::WAIT_NAMES;
 
 /// One ended process as a JSON object (`type: process_exit`). `path` is its cgroup's;
-/// `net` says whether socket bytes were measured (null otherwise).
+/// what was not `measured` (socket bytes, wait reasons) is null.
 pub fn process_json(
     summary: &ProcessSummary,
     path: Option<&str>,
     boot_offset_ns: i128,
-    net: bool,
+    measured: Measured,
 ) -> Value {
     json!({
         "type": "process_exit",
@@ -29,14 +31,14 @@ pub fn process_json(
         "lived_ns": summary.ended_ns.saturating_sub(summary.started_ns),
         "exit": summary.exit,
         "peak_rss_bytes": summary.peak_rss_bytes,
-        "counters": counters_json(&summary.counters, net),
+        "counters": counters_json(&summary.counters, measured),
         "cpu_ns_per_cpu": summary.cpu_ns_per_cpu,
         "tree": summary.tree,
     })
 }
 
 /// One named tree that ended (`type: process_tree_exit`).
-pub fn tree_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) -> Value {
+pub fn tree_json(tree: &TreeSummary, boot_offset_ns: i128, measured: Measured) -> Value {
     json!({
         "type": "process_tree_exit",
         "rule": tree.label.rule,
@@ -48,7 +50,7 @@ pub fn tree_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) -> Value {
         "end": Moment::new(tree.ended_ns, boot_offset_ns),
         "lived_ns": tree.ended_ns.saturating_sub(tree.started_ns),
         "peak_rss_bytes": tree.peak_rss_bytes,
-        "counters": counters_json(&tree.counters, net),
+        "counters": counters_json(&tree.counters, measured),
         "cpu_ns_per_cpu": tree.cpu_ns_per_cpu,
     })
 }
@@ -60,7 +62,11 @@ pub fn tree_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) -> Value {
 /// did not exec). The `function_*` fields are workerprobe's: that process's pid, CPU, and
 /// start and end (epoch seconds; Lithops' own `worker_func_*_tstamp` time the call inside
 /// it). `None` for other trees.
-pub fn lithops_call_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) -> Option<Value> {
+pub fn lithops_call_json(
+    tree: &TreeSummary,
+    boot_offset_ns: i128,
+    measured: Measured,
+) -> Option<Value> {
     if tree.label.rule != "lithops" {
         return None;
     }
@@ -68,7 +74,13 @@ pub fn lithops_call_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) ->
     let seconds = |ns: u64| ns as f64 / 1e9;
     let epoch = |monotonic_ns: u64| (i128::from(monotonic_ns) + boot_offset_ns) as f64 / 1e9;
     let function = tree.busiest_fork.as_ref();
-    let bytes = |value: u64| if net { json!(value) } else { Value::Null };
+    let bytes = |value: u64| {
+        if measured.net {
+            json!(value)
+        } else {
+            Value::Null
+        }
+    };
     // Lithops' per-core busy % over the call, here the call's own use of each core.
     let wall_ns = tree.ended_ns.saturating_sub(tree.started_ns).max(1) as f64;
     let usage: Vec<f64> = tree
@@ -96,14 +108,56 @@ pub fn lithops_call_json(tree: &TreeSummary, boot_offset_ns: i128, net: bool) ->
     }))
 }
 
-/// Counters with their units in their names; bytes null when not measured.
-fn counters_json(counters: &ProcessCounters, net: bool) -> Value {
+/// Counters with their units in their names; bytes and wait reasons null when not measured.
+fn counters_json(counters: &ProcessCounters, measured: Measured) -> Value {
     let mut value = serde_json::to_value(counters).unwrap_or(Value::Null);
-    if !net && let Some(object) = value.as_object_mut() {
-        object.insert("sent_bytes".into(), Value::Null);
-        object.insert("received_bytes".into(), Value::Null);
+    if let Some(object) = value.as_object_mut() {
+        if !measured.net {
+            object.insert("sent_bytes".into(), Value::Null);
+            object.insert("received_bytes".into(), Value::Null);
+        }
+        object.insert("waiting_on_ns".into(), waiting_on(counters, measured));
     }
     value
+}
+
+/// Sleep time by what it waited on, `{"network": ns, …}`; null where the wait reasons were
+/// not measured.
+fn waiting_on(counters: &ProcessCounters, measured: Measured) -> Value {
+    if !(measured.delays && measured.waits) {
+        return Value::Null;
+    }
+    let reasons: serde_json::Map<String, Value> = WAIT_NAMES
+        .iter()
+        .zip(counters.wait_ns)
+        .map(|(name, ns)| ((*name).to_owned(), json!(ns)))
+        .collect();
+    Value::Object(reasons)
+}
+
+/// The two reasons it slept longest for, e.g. ` waiting on timer 0.300s, network 0.120s`;
+/// empty when not measured or it never slept.
+fn waiting_text(counters: &ProcessCounters, measured: Measured) -> String {
+    if !(measured.delays && measured.waits) {
+        return String::new();
+    }
+    let mut reasons: Vec<(&str, u64)> = WAIT_NAMES
+        .iter()
+        .copied()
+        .zip(counters.wait_ns)
+        .filter(|&(_, ns)| ns > 0)
+        .collect();
+    reasons.sort_by_key(|&(_, ns)| std::cmp::Reverse(ns));
+    let shown: Vec<String> = reasons
+        .iter()
+        .take(2)
+        .map(|(name, ns)| format!("{name} {:.3}s", *ns as f64 / 1e9))
+        .collect();
+    if shown.is_empty() {
+        String::new()
+    } else {
+        format!(" waiting on {}", shown.join(", "))
+    }
 }
 
 /// Bytes as a human reads them: `n/a` when not measured.
@@ -116,10 +170,11 @@ fn bytes_text(bytes: u64, net: bool) -> String {
 }
 
 /// One ended process as a human line.
-pub fn process_line(summary: &ProcessSummary, path: Option<&str>, net: bool) -> String {
+pub fn process_line(summary: &ProcessSummary, path: Option<&str>, measured: Measured) -> String {
     let counters = &summary.counters;
+    let net = measured.net;
     format!(
-        "process {} ({}) in {} lived {:.3}s cpu {:.3}s (user {:.3}s system {:.3}s) sent {} received {} peak rss {:.1} MB exit {}{}",
+        "process {} ({}) in {} lived {:.3}s cpu {:.3}s (user {:.3}s system {:.3}s){} sent {} received {} peak rss {:.1} MB exit {}{}",
         summary.pid,
         summary.command.as_deref().unwrap_or(&summary.comm),
         path.unwrap_or("?"),
@@ -127,6 +182,7 @@ pub fn process_line(summary: &ProcessSummary, path: Option<&str>, net: bool) -> 
         counters.cpu_ns as f64 / 1e9,
         counters.user_ns as f64 / 1e9,
         counters.system_ns as f64 / 1e9,
+        waiting_text(counters, measured),
         bytes_text(counters.sent_bytes, net),
         bytes_text(counters.received_bytes, net),
         summary.peak_rss_bytes as f64 / 1e6,
@@ -143,7 +199,8 @@ pub fn process_line(summary: &ProcessSummary, path: Option<&str>, net: bool) -> 
 }
 
 /// One named tree as a human line.
-pub fn tree_line(tree: &TreeSummary, net: bool) -> String {
+pub fn tree_line(tree: &TreeSummary, measured: Measured) -> String {
+    let net = measured.net;
     let ids: Vec<String> = tree
         .label
         .ids
@@ -151,7 +208,7 @@ pub fn tree_line(tree: &TreeSummary, net: bool) -> String {
         .map(|(name, value)| format!("{name}={value}"))
         .collect();
     format!(
-        "tree {} {} ({} processes) lived {:.3}s cpu {:.3}s (user {:.3}s system {:.3}s) sent {} received {} peak rss {:.1} MB",
+        "tree {} {} ({} processes) lived {:.3}s cpu {:.3}s (user {:.3}s system {:.3}s){} sent {} received {} peak rss {:.1} MB",
         tree.label.rule,
         ids.join(" "),
         tree.processes,
@@ -159,6 +216,7 @@ pub fn tree_line(tree: &TreeSummary, net: bool) -> String {
         tree.counters.cpu_ns as f64 / 1e9,
         tree.counters.user_ns as f64 / 1e9,
         tree.counters.system_ns as f64 / 1e9,
+        waiting_text(&tree.counters, measured),
         bytes_text(tree.counters.sent_bytes, net),
         bytes_text(tree.counters.received_bytes, net),
         tree.peak_rss_bytes as f64 / 1e6,

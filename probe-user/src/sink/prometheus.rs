@@ -273,7 +273,7 @@ fn encode_exposition(e: &Exposition, encoder: &mut DescriptorEncoder) -> fmt::Re
     }
 
     if !e.process_trees.is_empty() {
-        encode_process_trees(&e.process_trees, encoder)?;
+        encode_process_trees(&e.process_trees, e.measured.net, encoder)?;
     }
     if e.measured.cpu {
         let mut per_cpu = Vec::new();
@@ -692,6 +692,7 @@ fn with_labels(
 /// Named process trees: labelled by rule, root process and the rule's captures (`id_NAME`).
 fn encode_process_trees(
     trees: &[crate::model::process::TreeSeries],
+    net: bool,
     encoder: &mut DescriptorEncoder,
 ) -> fmt::Result {
     let labels = |tree: &crate::model::process::TreeSeries| -> LabelPairs<'static> {
@@ -714,6 +715,26 @@ fn encode_process_trees(
             .map(|tree| (labels(tree), seconds(tree.cpu_ns)))
             .collect(),
     )?;
+    if net {
+        counter_family(
+            encoder,
+            "workerprobe_process_tree_sent_bytes",
+            "Socket payload a named process tree (--process) sent: its ended processes' and its running ones' so far.",
+            trees
+                .iter()
+                .map(|tree| (labels(tree), tree.sent_bytes))
+                .collect(),
+        )?;
+        counter_family(
+            encoder,
+            "workerprobe_process_tree_received_bytes",
+            "Socket payload a named process tree (--process) received: its ended processes' and its running ones' so far.",
+            trees
+                .iter()
+                .map(|tree| (labels(tree), tree.received_bytes))
+                .collect(),
+        )?;
+    }
     gauge_family(
         encoder,
         "workerprobe_process_tree_processes",

@@ -91,6 +91,7 @@ fn main() {
             args.get(3).map(String::as_str) == Some("main-first"),
         ),
         "tree" => tree(num(arg(2)), num(arg(3))),
+        "hold-recv" => hold_recv(arg(2), num(arg(3))),
         "nap" => {
             if args.get(3).map(String::as_str) == Some("wait") {
                 wait_for_go();
@@ -394,6 +395,24 @@ fn tree(children: u64, burn_ms: u64) {
         cpu_us(libc::RUSAGE_SELF),
         cpu_us(libc::RUSAGE_CHILDREN)
     );
+}
+
+/// Receives `bytes` from a TCP peer at `addr`, says how many it received (one JSON line),
+/// then stays alive until its stdin closes: a process whose bytes can be read while it runs.
+/// (Its first argument, a label, is for `--process` rules.)
+fn hold_recv(addr: &str, bytes: u64) {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    let mut buf = vec![0u8; 1 << 16];
+    let mut received = 0u64;
+    while received < bytes {
+        let n = stream.read(&mut buf).expect("read");
+        assert!(n > 0, "the peer closed after {received} bytes");
+        received += n as u64;
+    }
+    println!(r#"{{"received_bytes":{received}}}"#);
+    std::io::stdout().flush().expect("flush");
+    let mut rest = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut rest);
 }
 
 /// `count` threads each burning `burn_ms` of CPU; with `main_first` the main thread ends
