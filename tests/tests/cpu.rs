@@ -270,9 +270,13 @@ fn workers_beyond_the_slots_and_in_reused_slots_are_counted_like_cpu_stat() {
         cpu_slots: Some(3),
         ..Default::default()
     });
+    // Each worker's process moves itself in between fork and exec: the kernel charges the
+    // slice it moves in from its last update (a tick apart, 4 ms at 250 Hz; 1 ms less here
+    // in a 6.12 VM), where we split it at the move itself: the moved-thread test's margin. A
+    // slot carried over from its last owner, or lost, would be off by 60 ms or more.
     let close = |ours: u64, kernel_usec: u64| {
         let kernel = kernel_usec * 1_000;
-        ours.abs_diff(kernel) <= kernel / 100
+        ours.abs_diff(kernel) <= kernel / 100 + 10_000_000
     };
     let long: Vec<TestCgroup> = (0..2)
         .map(|i| TestCgroup::new(&format!("slots-long-{i}")))
