@@ -418,7 +418,9 @@ fn slot_counters(cgroup_id: u64, take: bool) -> Option<(u32, *mut SlotCounters)>
     // SAFETY: this CPU's value; no other writer while we run.
     unsafe {
         if (*counters).cgroup_id != cgroup_id {
-            // Given back zeroed: the slot is this cgroup's from now on, on this CPU too.
+            // The slot's first use on this CPU by this cgroup: from zero, whatever a late
+            // write of its last owner left after user space zeroed it.
+            *counters = ZERO_SLOT;
             (*counters).cgroup_id = cgroup_id;
         }
     }
@@ -680,6 +682,20 @@ fn flush_pending(stats: &mut CpuStats, state: &mut TaskState) {
     state.pending_sleep_ns = 0;
     state.pending_wakeups = 0;
 }
+
+/// An all-zero slot, copied over a slot a cgroup takes over on a CPU.
+static ZERO_SLOT: SlotCounters = SlotCounters {
+    cgroup_id: 0,
+    stats: ZERO_STATS,
+    net: probe_common::net::NetStats {
+        families: [probe_common::net::FamilyCounters {
+            sent_bytes: 0,
+            sent_calls: 0,
+            received_bytes: 0,
+            received_calls: 0,
+        }; probe_common::net::FAMILY_COUNT],
+    },
+};
 
 /// All-zero counters, inserted for a new cgroup.
 static ZERO_STATS: CpuStats = CpuStats {

@@ -227,6 +227,11 @@ impl Source for KernelCollector {
             .into_iter()
             .chain(slot_net)
         {
+            if self.finished_ids.contains(&cgroup_id) {
+                // Bytes of a worker already summarised: freed, not shown as a new worker.
+                let _ = self.net_stats.remove(&cgroup_id);
+                continue;
+            }
             let net = &mut sample.workers.entry(cgroup_id).or_default().net;
             for on_cpu in per_cpu.iter() {
                 for (sum, add) in net.families.iter_mut().zip(&on_cpu.families) {
@@ -398,6 +403,39 @@ impl KernelCollector {
         }
         // Free the entries: the cgroup is gone and its id will not come back.
         let _ = self.cpu_stats.remove(&cgroup_id);
+        self.mark_finished(cgroup_id);
+        let _ = self.net_stats.remove(&cgroup_id);
+        self.reported_on_cpu_ns.remove(&cgroup_id);
+        self.cgroups.forget(cgroup_id);
+        self.names.forget(cgroup_id);
+        Some(worker)
+    }
+
+    /// The slot of the programs' fast path that holds the worker's counters, if it has one
+    /// (`None`: they are in the hash maps).
+    pub fn slot_of(&self, cgroup_id: u64) -> Option<u32> {
+        self.cpu_slots.as_ref()?.slot_of(cgroup_id)
+    }
+
+    /// Frees what the programs keep for a removed cgroup no one reports on (its slot, its
+    /// hash entries), as [`KernelCollector::finish`] does for a worker.
+    pub fn discard(&mut self, cgroup_id: u64) {
+        let _ = self.cpu_stats.remove(&cgroup_id);
+        let _ = self.net_stats.remove(&cgroup_id);
+        let _ = self.endpoint_counts.remove(&cgroup_id);
+        let _ = self.process_peaks.remove(&cgroup_id);
+        if let Some(slots) = self.cpu_slots.as_mut() {
+            let _ = slots.finish(cgroup_id, self.cpus);
+        }
+        self.removed_memory_peaks.remove(&cgroup_id);
+        self.reported_on_cpu_ns.remove(&cgroup_id);
+        self.mark_finished(cgroup_id);
+        self.cgroups.forget(cgroup_id);
+        self.names.forget(cgroup_id);
+    }
+
+    /// Remembers a cgroup whose counters were taken or freed (see `finished`).
+    fn mark_finished(&mut self, cgroup_id: u64) {
         if self.finished.len() == MAX_FINISHED
             && let Some(oldest) = self.finished.pop_front()
         {
@@ -406,11 +444,6 @@ impl KernelCollector {
         if self.finished_ids.insert(cgroup_id) {
             self.finished.push_back(cgroup_id);
         }
-        let _ = self.net_stats.remove(&cgroup_id);
-        self.reported_on_cpu_ns.remove(&cgroup_id);
-        self.cgroups.forget(cgroup_id);
-        self.names.forget(cgroup_id);
-        Some(worker)
     }
 
     /// A process's CPU time on each CPU as the sched_switch programs added it up, then its
@@ -568,10 +601,15 @@ impl KernelCollector {
         for cgroup_id in late {
             per_worker.remove(&cgroup_id);
             let _ = self.cpu_stats.remove(&cgroup_id);
+            let _ = self.net_stats.remove(&cgroup_id);
             if let Some(slots) = self.cpu_slots.as_mut() {
                 let _ = slots.finish(cgroup_id, self.cpus);
             }
         }
+        // Their socket counters, read with the slots, go too.
+        let finished = &self.finished_ids;
+        self.slot_net
+            .retain(|(cgroup_id, _)| !finished.contains(cgroup_id));
     }
 
     /// Adds the running slices to their workers.

@@ -39,7 +39,8 @@ impl SlotMaps {
             return Ok(Vec::new());
         };
         let fd = self.counters.map().fd().as_fd();
-        // The slots in use are the lowest ones (see the loader's `free_every_slot`).
+        // Read up to the highest slot in use: the stack hands out low slots first and takes
+        // given-back ones on top (see the loader's `free_every_slot`), so they stay low.
         // SAFETY: a per-CPU array of SlotCounters, u32 keys.
         let slots = unsafe {
             crate::collect_batch::lookup_first_percpu::<u32, SlotCounters>(
@@ -56,6 +57,12 @@ impl SlotMaps {
                 Some((cgroup_id, owned_by(cgroup_id, per_cpu)))
             })
             .collect())
+    }
+
+    /// The slot holding the worker's counters, if it has one.
+    pub fn slot_of(&self, cgroup_id: u64) -> Option<u32> {
+        let slot = self.slot_of.get(&cgroup_id, 0).ok()?;
+        u32::try_from(slot).ok()
     }
 
     /// A removed worker's counters per CPU, if it has a slot; the slot is zeroed and given back.

@@ -260,16 +260,12 @@ fn a_thread_moved_while_it_runs_is_charged_to_each_cgroup_as_its_cpu_stat_says()
 }
 
 /// The programs keep most workers' counters in a fixed array of slots, taken on a worker's
-/// first event and given back when its summary is taken, and the rest in a hash map. With
-/// three slots (the node's own cgroups may hold some), two long workers and six short ones
-/// that end one after another take, overflow and reuse slots: each is still exactly what
-/// `cpu.stat` says, whichever way it was counted, and a reused slot carries nothing over.
+/// first event and given back when its summary is taken, and the rest in hash maps. Short
+/// workers that end one after another (a long one running beside them) each take the slot
+/// the one before gave back, and each is still what `cpu.stat` says: a reused slot carries
+/// nothing over. With no slots at all, every worker goes through the hashes, as exactly.
 #[test]
-fn workers_beyond_the_slots_and_in_reused_slots_are_counted_like_cpu_stat() {
-    let mut collector = collector_with(workerprobe::loader::LoadOptions {
-        cpu_slots: Some(3),
-        ..Default::default()
-    });
+fn workers_in_reused_slots_and_beyond_the_slots_are_counted_like_cpu_stat() {
     // Each worker's process moves itself in between fork and exec: the kernel charges the
     // slice it moves in from its last update (a tick apart, 4 ms at 250 Hz; 1 ms less here
     // in a 6.12 VM), where we split it at the move itself: the moved-thread test's margin. A
@@ -278,50 +274,75 @@ fn workers_beyond_the_slots_and_in_reused_slots_are_counted_like_cpu_stat() {
         let kernel = kernel_usec * 1_000;
         ours.abs_diff(kernel) <= kernel / 100 + 10_000_000
     };
-    let long: Vec<TestCgroup> = (0..2)
-        .map(|i| TestCgroup::new(&format!("slots-long-{i}")))
-        .collect();
-    let spinners: Vec<_> = long
-        .iter()
-        .map(|cgroup| cgroup.spawn_workload(&["spin", "400", "1"]))
-        .collect();
-    for i in 0..6 {
-        let short = TestCgroup::new(&format!("slots-short-{i}"));
+    // Runs a 60 ms worker to its end and returns the slot it had (before its summary gave
+    // it back).
+    let short_worker = |collector: &mut workerprobe::collect::KernelCollector, name: &str| {
+        let short = TestCgroup::new(name);
         short.spin("60");
         // Reaped is not yet off the CPU: the exiting thread's last slice is charged a moment
         // later, at its last switch (the agent, too, settles before it summarises).
         std::thread::sleep(std::time::Duration::from_millis(20));
         let kernel_usec = short.cpu_stat().usage_usec;
         let id = short.id;
+        let slot = collector.slot_of(id);
         drop(short); // removed, so its summary may be taken
         let ours = collector
             .finish(id)
             .expect("the short worker was counted")
             .on_cpu_ns();
-        eprintln!("short worker {i}: ours {ours} ns, cpu.stat {kernel_usec} µs");
-        assert!(kernel_usec >= 59_000, "short worker {i} barely ran");
+        eprintln!("{name} (slot {slot:?}): ours {ours} ns, cpu.stat {kernel_usec} µs");
+        assert!(kernel_usec >= 59_000, "{name} barely ran");
         assert!(
             close(ours, kernel_usec),
-            "short worker {i}: ours {ours} ns, cpu.stat {kernel_usec} µs"
+            "{name}: ours {ours} ns, cpu.stat {kernel_usec} µs"
         );
-    }
-    for spinner in spinners {
-        assert!(spinner.wait_with_output().expect("wait").status.success());
-    }
+        slot
+    };
+
+    let mut collector = collector_with(workerprobe::loader::LoadOptions {
+        cpu_slots: Some(64),
+        ..Default::default()
+    });
+    let long = TestCgroup::new("slots-long");
+    let spinner = long.spawn_workload(&["spin", "400", "1"]);
+    let slots: Vec<Option<u32>> = (0..6)
+        .map(|i| short_worker(&mut collector, &format!("slots-short-{i}")))
+        .collect();
+    assert!(slots.iter().all(Option::is_some), "slots {slots:?}");
+    // Given back on top of the free ones, a slot is the next one taken (a cgroup of the node
+    // may take one in between, once).
+    let reused = slots.windows(2).filter(|pair| pair[0] == pair[1]).count();
+    assert!(
+        reused >= 4,
+        "the slots given back were not reused: {slots:?}"
+    );
+    assert!(spinner.wait_with_output().expect("wait").status.success());
     std::thread::sleep(std::time::Duration::from_millis(20));
-    for (i, cgroup) in long.into_iter().enumerate() {
-        let kernel_usec = cgroup.cpu_stat().usage_usec;
-        let id = cgroup.id;
-        drop(cgroup);
-        let ours = collector
-            .finish(id)
-            .expect("the long worker was counted")
-            .on_cpu_ns();
-        eprintln!("long worker {i}: ours {ours} ns, cpu.stat {kernel_usec} µs");
-        assert!(kernel_usec >= 399_000, "long worker {i} barely ran");
-        assert!(
-            close(ours, kernel_usec),
-            "long worker {i}: ours {ours} ns, cpu.stat {kernel_usec} µs"
-        );
+    let kernel_usec = long.cpu_stat().usage_usec;
+    let (id, slot) = (long.id, collector.slot_of(long.id));
+    drop(long);
+    let ours = collector
+        .finish(id)
+        .expect("the long worker was counted")
+        .on_cpu_ns();
+    eprintln!("long worker (slot {slot:?}): ours {ours} ns, cpu.stat {kernel_usec} µs");
+    assert!(
+        slot.is_some() && !slots.contains(&slot),
+        "its own slot: {slot:?}, {slots:?}"
+    );
+    assert!(kernel_usec >= 399_000, "the long worker barely ran");
+    assert!(
+        close(ours, kernel_usec),
+        "long: ours {ours} ns, cpu.stat {kernel_usec} µs"
+    );
+    drop(collector);
+
+    let mut collector = collector_with(workerprobe::loader::LoadOptions {
+        cpu_slots: Some(0),
+        ..Default::default()
+    });
+    for i in 0..2 {
+        let slot = short_worker(&mut collector, &format!("hashed-{i}"));
+        assert_eq!(slot, None, "no slots were asked for");
     }
 }

@@ -44,6 +44,9 @@ pub struct Watcher {
     memory: MemoryReader,
     /// Removed workers waiting to settle: (cgroup id, removed at, when to finish).
     removed: VecDeque<(u64, u64, Instant)>,
+    /// Removed cgroups no one watches, waiting to settle before their counters are freed
+    /// unreported (they took slots and entries all the same).
+    unwatched_removed: VecDeque<(u64, Instant)>,
     /// Workers whose directory was gone at the last sample: if it still is at the next, they
     /// are finished even without a removal event (the lifecycle programs may be off, or the
     /// event was dropped), so their map entries never linger.
@@ -83,6 +86,7 @@ impl Watcher {
             registry: WorkerRegistry::new(selection.clone()),
             memory: MemoryReader::new(),
             removed: VecDeque::new(),
+            unwatched_removed: VecDeque::new(),
             gone: std::collections::HashSet::new(),
             last_vanished_check: None,
             boot_offset_ns: i128::from(now.wall_unix_ns) - i128::from(now.monotonic_ns),
@@ -206,7 +210,19 @@ impl Watcher {
             if let Some(cgroup_id) = self.registry.apply(&event) {
                 self.removed
                     .push_back((cgroup_id, event.at_monotonic_ns, Instant::now() + SETTLE));
+            } else if !event.made && self.level.is_none() {
+                // Not a worker here (a --depth level folds removed cgroups into their
+                // holders instead).
+                self.unwatched_removed
+                    .push_back((event.cgroup_id, Instant::now() + SETTLE));
             }
+        }
+        while let Some(&(cgroup_id, due)) = self.unwatched_removed.front() {
+            if due > Instant::now() {
+                break;
+            }
+            self.unwatched_removed.pop_front();
+            self.collector.discard(cgroup_id);
         }
         let mut summaries = Vec::new();
         while let Some(&(cgroup_id, removed_at_ns, due)) = self.removed.front() {

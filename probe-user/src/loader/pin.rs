@@ -7,9 +7,9 @@
 //!   with a dot, so `meta` is a symbolic link whose target is the JSON text
 //!   (`readlink DIR/meta`); it is written first, so an interrupted first start still leaves a
 //!   set that `unpin` recognises and removes.
-//! - one pinned map per map the user side reads (`CPU_STATS`, `NET_STATS`, `DROPS`,
-//!   `LAST_SWITCH`, `CGROUP_EVENTS`); the others (task storage, globals) stay alive through the
-//!   programs that use them.
+//! - one pinned map per map the user side reads ([`PINNED_MAPS`]: the slot maps, `CPU_STATS`,
+//!   `NET_STATS`, `DROPS`, `LAST_SWITCH`, `CGROUP_EVENTS`, …); the others (task storage,
+//!   globals) stay alive through the programs that use them.
 //! - one pinned link per program (`link_<program>`): it keeps the program attached after the
 //!   agent exits, until the pin is removed.
 //!
@@ -45,8 +45,12 @@ use crate::error::UserError;
 /// The entry describing the set (a symlink whose target is the JSON).
 pub const META: &str = "meta";
 /// Version of the pin set's layout; a set of another version is refused. 3: lifecycle events
-/// carry the memory cgroup's peak, and process peaks have a map.
-pub const FORMAT_VERSION: u32 = 3;
+/// carry the memory cgroup's peak, and process peaks have a map. 4: most workers' counters are
+/// in the slot maps (a format-3 agent would miss them).
+pub const FORMAT_VERSION: u32 = 4;
+/// Older formats this agent still reads: a format-3 set has no slot maps, and every worker's
+/// counters are in the hashes.
+const READABLE_FORMATS: [u32; 2] = [3, FORMAT_VERSION];
 /// The maps the collector reads, pinned under their own names.
 pub const PINNED_MAPS: [&str; 11] = [
     CPU_STATS_MAP,
@@ -329,7 +333,7 @@ fn validate(dir: &Path) -> Result<(), UserError> {
 fn read_meta(dir: &Path) -> anyhow::Result<Option<Meta>> {
     let meta = read_meta_of_any_format(dir)?;
     if let Some(meta) = &meta
-        && meta.format_version != FORMAT_VERSION
+        && !READABLE_FORMATS.contains(&meta.format_version)
     {
         return Err(UserError::BadInput(format!(
             "{} holds a pin set of format {} that this workerprobe (format {FORMAT_VERSION}) cannot read: run the workerprobe that made it, or `workerprobe unpin {}`",
