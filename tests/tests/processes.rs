@@ -412,9 +412,10 @@ fn a_process_pinned_to_one_cpu_has_its_cpu_time_there() {
     eprintln!("pinned to CPU {cpu}: {per_cpu:?} of {total} ns");
 }
 
-/// Within 5% or 10 ms of what the workload timed (as the cgroup workers' waits test).
+/// Within 5% or 20 ms of what the workload timed (as the cgroup workers' waits test, whose
+/// margin says why).
 fn close_to(ours_ns: u64, timed_ns: u64) -> bool {
-    let tolerance = (timed_ns as f64 * 0.05).max(10e6);
+    let tolerance = (timed_ns as f64 * 0.05).max(20e6);
     (ours_ns as f64 - timed_ns as f64).abs() <= tolerance
 }
 

@@ -17,7 +17,10 @@ use workerprobe_tests::{
 
 /// Within 5% or 10 ms of what the workload timed.
 fn close_to(ours_ns: u64, timed_ns: u64) -> bool {
-    let tolerance = (timed_ns as f64 * 0.05).max(10e6);
+    // 20 ms: once in four runs in a 6.1 VM under emulation, a 274 ms pipe wait the workload
+    // timed came out 14.6 ms longer (its run-queue waits there are tens of ms). A wait put
+    // under the wrong reason would be off by its whole length (300 ms and more here).
+    let tolerance = (timed_ns as f64 * 0.05).max(20e6);
     (ours_ns as f64 - timed_ns as f64).abs() <= tolerance
 }
 
