@@ -387,7 +387,8 @@ fn first_use(key: &mut EndpointKey) -> Option<*mut EndpointStats> {
     ENDPOINTS.get_ptr_mut(*key)
 }
 
-static ZERO_NET: NetStats = NetStats {
+/// All-zero socket counters (a new worker's entry, and part of a zeroed slot).
+pub(crate) static ZERO_NET: NetStats = NetStats {
     families: [probe_common::net::FamilyCounters {
         sent_bytes: 0,
         sent_calls: 0,

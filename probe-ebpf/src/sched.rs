@@ -687,14 +687,7 @@ fn flush_pending(stats: &mut CpuStats, state: &mut TaskState) {
 static ZERO_SLOT: SlotCounters = SlotCounters {
     cgroup_id: 0,
     stats: ZERO_STATS,
-    net: probe_common::net::NetStats {
-        families: [probe_common::net::FamilyCounters {
-            sent_bytes: 0,
-            sent_calls: 0,
-            received_bytes: 0,
-            received_calls: 0,
-        }; probe_common::net::FAMILY_COUNT],
-    },
+    net: crate::net::ZERO_NET,
 };
 
 /// All-zero counters, inserted for a new cgroup.

@@ -261,16 +261,15 @@ fn sample_value(exposition: &str, family: &str, label: &str) -> Option<f64> {
         .and_then(|value| value.parse().ok())
 }
 
-#[test]
-fn serve_shows_a_named_tree_while_it_runs_and_its_final_cpu_after() {
-    let cgroup = TestCgroup::new("livetree");
+/// `serve --process RULE` on a free local port, polling every 250 ms; stopped if the test fails.
+fn serve_with_rule(rule: &str) -> (workerprobe_tests::KillOnDrop, String) {
     let port = TcpListener::bind("127.0.0.1:0")
         .expect("a free port")
         .local_addr()
         .expect("address")
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let mut serve = workerprobe_tests::KillOnDrop(start_agent(
+    let serve = workerprobe_tests::KillOnDrop(start_agent(
         &[
             "serve",
             "--listen",
@@ -278,53 +277,65 @@ fn serve_shows_a_named_tree_while_it_runs_and_its_final_cpu_after() {
             "--interval",
             "250ms",
             "--process",
-            r"wplive:wp-workload tree (?P<label>\w+)",
+            rule,
         ],
         "serving",
     ));
+    (serve, addr)
+}
+
+/// Scrapes `addr` every 100 ms, at most `tries` times, until `found` finds what it looks for.
+fn scrape_until<T>(
+    addr: &str,
+    tries: usize,
+    mut found: impl FnMut(&str) -> Option<T>,
+) -> Option<T> {
+    (0..tries).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        found(&scrape(addr))
+    })
+}
+
+#[test]
+fn serve_shows_a_named_tree_while_it_runs_and_its_final_cpu_after() {
+    let cgroup = TestCgroup::new("livetree");
+    let (mut serve, addr) = serve_with_rule(r"wplive:wp-workload tree (?P<label>\w+)");
     let label = format!("live{}", std::process::id());
     let tree = cgroup.spawn_workload(&["tree", &label, "2", "1500"]);
     let selector = format!("id_label=\"{label}\"");
     // While it runs: its series, running, with CPU growing.
-    let mut running_cpu = None;
-    for _ in 0..100 {
-        std::thread::sleep(Duration::from_millis(100));
-        let text = scrape(&addr);
-        if sample_value(&text, "workerprobe_process_tree_running", &selector) == Some(1.0)
-            && let Some(cpu) = sample_value(
-                &text,
-                "workerprobe_process_tree_cpu_seconds_total",
-                &selector,
-            )
-            && cpu > 0.5
-        {
-            running_cpu = Some(cpu);
-            break;
-        }
-    }
+    let running_cpu = scrape_until(&addr, 100, |text| {
+        let cpu = sample_value(
+            text,
+            "workerprobe_process_tree_cpu_seconds_total",
+            &selector,
+        )?;
+        (sample_value(text, "workerprobe_process_tree_running", &selector) == Some(1.0)
+            && cpu > 0.5)
+            .then_some(cpu)
+    });
     let running_cpu = running_cpu.expect("the tree's series while it ran, past 0.5 s of CPU");
     let reported = output_lines(tree);
     let kernel_s = (u64_of(&reported[0], &["self_cpu_us"])
         + u64_of(&reported[0], &["children_cpu_us"])) as f64
         / 1e6;
-    // After: not running, its final CPU.
-    let mut final_cpu = None;
-    for _ in 0..50 {
-        std::thread::sleep(Duration::from_millis(100));
-        let text = scrape(&addr);
-        if sample_value(&text, "workerprobe_process_tree_running", &selector) == Some(0.0) {
-            final_cpu = sample_value(
-                &text,
-                "workerprobe_process_tree_cpu_seconds_total",
-                &selector,
-            );
-            assert_eq!(
-                sample_value(&text, "workerprobe_process_tree_processes", &selector),
-                Some(3.0)
-            );
-            break;
-        }
-    }
+    // After: not running, its final CPU, from all three processes.
+    let final_cpu = scrape_until(&addr, 50, |text| {
+        (sample_value(text, "workerprobe_process_tree_running", &selector) == Some(0.0)).then(
+            || {
+                assert_eq!(
+                    sample_value(text, "workerprobe_process_tree_processes", &selector),
+                    Some(3.0)
+                );
+                sample_value(
+                    text,
+                    "workerprobe_process_tree_cpu_seconds_total",
+                    &selector,
+                )
+            },
+        )
+    })
+    .flatten();
     let final_cpu = final_cpu.expect("the tree's final series");
     assert!(running_cpu < final_cpu, "{running_cpu} then {final_cpu}");
     assert!(
@@ -412,54 +423,26 @@ fn a_process_pinned_to_one_cpu_has_its_cpu_time_there() {
     eprintln!("pinned to CPU {cpu}: {per_cpu:?} of {total} ns");
 }
 
-/// Within 5% or 20 ms of what the workload timed (as the cgroup workers' waits test, whose
-/// margin says why).
-fn close_to(ours_ns: u64, timed_ns: u64) -> bool {
-    let tolerance = (timed_ns as f64 * 0.05).max(20e6);
-    (ours_ns as f64 - timed_ns as f64).abs() <= tolerance
-}
-
 /// A process's sleeps, summed over its threads, are split by what each waited on: each
 /// reason is what the workload timed of its own waits of that kind (the same workload as the
 /// cgroup workers' waits test, here as one process's summary).
 #[test]
 fn a_process_sleeps_are_split_by_what_it_waited_on() {
     let cgroup = TestCgroup::new("procwaits");
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("address").to_string();
     let pattern = format!("/{}", cgroup.name());
-    let mut timed = Value::Null;
-    let mut pid = 0;
+    let (mut pid, mut timed) = (0, Value::Null);
     let lines = watch_while(&["--processes", "--workers", &pattern], || {
-        let mut child =
-            cgroup.spawn_workload(&["reasons", &workerprobe_tests::scratch_dir(), &addr]);
-        pid = child.id();
-        let (mut peer, _) = listener.accept().expect("accept");
-        workerprobe_tests::read_first_json_line(&mut child);
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
-        // The peer (this test, outside the worker) answers half a second after the ping.
-        let mut ping = [0u8; 5];
-        peer.read_exact(&mut ping).expect("ping");
-        std::thread::sleep(Duration::from_millis(500));
-        peer.write_all(b"!").expect("answer");
-        timed = workerprobe_tests::wait_json(child);
+        (pid, timed) = workerprobe_tests::run_reasons(&cgroup, || {});
     });
     let summary = process_exits(&lines)
         .find(|line| line["pid"].as_u64() == Some(u64::from(pid)))
         .unwrap_or_else(|| panic!("no summary of process {pid}: {lines:?}"));
     let waiting = &summary["counters"]["waiting_on_ns"];
     eprintln!("process {pid} waited on {waiting}; the workload timed {timed}");
-    for (reason, key) in [
-        ("timer", "timer_ns"),
-        ("network", "network_ns"),
-        ("lock", "lock_ns"),
-        ("child", "child_ns"),
-        ("pipe", "pipe_ns"),
-    ] {
+    for (reason, key) in workerprobe_tests::TIMED_REASONS {
         let (ours, theirs) = (u64_of(waiting, &[reason]), u64_of(&timed, &[key]));
         assert!(
-            close_to(ours, theirs),
+            workerprobe_tests::close_to_timed(ours, theirs),
             "{reason}: {ours} ns, the workload timed {theirs} ns"
         );
     }
@@ -467,7 +450,7 @@ fn a_process_sleeps_are_split_by_what_it_waited_on() {
     // start signal, the process's whole life: its first page faults read its program in.
     let (disk, file_life) = (u64_of(waiting, &["disk"]), u64_of(&timed, &["disk_ns"]));
     assert!(
-        disk > 0 && (disk >= file_life || close_to(disk, file_life)),
+        disk > 0 && (disk >= file_life || workerprobe_tests::close_to_timed(disk, file_life)),
         "disk {disk} ns; the workload was off the CPU for {file_life} ns of its file's life"
     );
     // Its sleeps are part of its threads' time off the CPU, not more.
@@ -489,24 +472,7 @@ fn a_process_sleeps_are_split_by_what_it_waited_on() {
 #[test]
 fn serve_shows_a_named_trees_bytes_while_it_runs() {
     let cgroup = TestCgroup::new("livebytes");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("a free port")
-        .local_addr()
-        .expect("address")
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut serve = workerprobe_tests::KillOnDrop(start_agent(
-        &[
-            "serve",
-            "--listen",
-            &addr,
-            "--interval",
-            "250ms",
-            "--process",
-            r"wpbytes:wp-workload hold-recv (?P<label>\w+)",
-        ],
-        "serving",
-    ));
+    let (mut serve, addr) = serve_with_rule(r"wpbytes:wp-workload hold-recv (?P<label>\w+)");
     const BYTES: usize = 3_000_000;
     let peer = TcpListener::bind("127.0.0.1:0").expect("bind");
     let peer_addr = peer.local_addr().expect("address").to_string();
@@ -529,40 +495,29 @@ fn serve_shows_a_named_trees_bytes_while_it_runs() {
     let counted = u64_of(&counted, &["received_bytes"]);
     let selector = format!("id_label=\"{label}\"");
     // While it runs: its series, running, with every byte it counted.
-    let mut running_bytes = None;
-    for _ in 0..100 {
-        std::thread::sleep(Duration::from_millis(100));
-        let text = scrape(&addr);
-        if sample_value(&text, "workerprobe_process_tree_running", &selector) == Some(1.0)
-            && let Some(bytes) = sample_value(
-                &text,
-                "workerprobe_process_tree_received_bytes_total",
-                &selector,
-            )
-            && bytes >= counted as f64
-        {
-            running_bytes = Some(bytes);
-            break;
-        }
-    }
+    let received = |text: &str| {
+        sample_value(
+            text,
+            "workerprobe_process_tree_received_bytes_total",
+            &selector,
+        )
+    };
+    let running_bytes = scrape_until(&addr, 100, |text| {
+        let bytes = received(text)?;
+        (sample_value(text, "workerprobe_process_tree_running", &selector) == Some(1.0)
+            && bytes >= counted as f64)
+            .then_some(bytes)
+    });
     let running_bytes = running_bytes.expect("the tree's received bytes while it ran");
     assert_eq!(running_bytes, counted as f64, "while running");
     drop(holder.stdin.take());
     assert!(holder.wait().expect("wait").success());
     sender.join().expect("sender");
-    let mut final_bytes = None;
-    for _ in 0..50 {
-        std::thread::sleep(Duration::from_millis(100));
-        let text = scrape(&addr);
-        if sample_value(&text, "workerprobe_process_tree_running", &selector) == Some(0.0) {
-            final_bytes = sample_value(
-                &text,
-                "workerprobe_process_tree_received_bytes_total",
-                &selector,
-            );
-            break;
-        }
-    }
+    let final_bytes = scrape_until(&addr, 50, |text| {
+        (sample_value(text, "workerprobe_process_tree_running", &selector) == Some(0.0))
+            .then(|| received(text))
+    })
+    .flatten();
     assert_eq!(final_bytes, Some(counted as f64), "after its end");
     stop(&mut serve.0);
     eprintln!("live tree bytes: {running_bytes} while running, counted {counted}");

@@ -11,37 +11,19 @@ use std::{
 use probe_common::wait::WAIT_NAMES;
 use workerprobe::{collect::Source as _, model};
 use workerprobe_tests::{
-    TestCgroup, collector, field, read_first_json_line, require_root, scratch_dir, settled_sample,
-    temp_path, wait_json, workerprobe_path, workload_path,
+    TIMED_REASONS, TestCgroup, close_to_timed, collector, field, require_root, run_reasons,
+    settled_sample, temp_path, workerprobe_path, workload_path,
 };
-
-/// Within 5% or 20 ms of what the workload timed.
-fn close_to(ours_ns: u64, timed_ns: u64) -> bool {
-    // 20 ms: once in four runs in a 6.1 VM under emulation, a 274 ms pipe wait the workload
-    // timed came out 14.6 ms longer (its run-queue waits there are tens of ms). A wait put
-    // under the wrong reason would be off by its whole length (300 ms and more here).
-    let tolerance = (timed_ns as f64 * 0.05).max(20e6);
-    (ours_ns as f64 - timed_ns as f64).abs() <= tolerance
-}
 
 #[test]
 fn each_sleep_is_charged_to_what_the_thread_waited_on() {
     let mut collector = collector();
     let worker = TestCgroup::new("reasons");
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    let mut child = worker.spawn_workload(&["reasons", &scratch_dir(), &addr]);
-    let (mut peer, _) = listener.accept().expect("accept");
-    read_first_json_line(&mut child);
-    let before = collector.sample().expect("sample");
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
-    // The peer (this test, outside the worker) answers half a second after the ping.
-    let mut ping = [0u8; 5];
-    peer.read_exact(&mut ping).expect("ping");
-    std::thread::sleep(Duration::from_millis(500));
-    peer.write_all(b"!").expect("answer");
-    let timed = wait_json(child);
+    let mut before = None;
+    let (_, timed) = run_reasons(&worker, || {
+        before = Some(collector.sample().expect("sample"));
+    });
+    let before = before.expect("sampled before the start");
     let after = settled_sample(&mut collector, worker.id);
     let stats = model::diff(Some(&before), &after)
         .workers
@@ -69,23 +51,17 @@ fn each_sleep_is_charged_to_what_the_thread_waited_on() {
         delays.blocked_io_ns + delays.sleep_ns,
         "reasons do not add up to blocked + sleep"
     );
-    for (reason, key) in [
-        ("timer", "timer_ns"),
-        ("network", "network_ns"),
-        ("lock", "lock_ns"),
-        ("child", "child_ns"),
-        ("pipe", "pipe_ns"),
-    ] {
+    for (reason, key) in TIMED_REASONS {
         let (ours, theirs) = (reason_ns(reason), field(&timed, key));
         assert!(
-            close_to(ours, theirs),
+            close_to_timed(ours, theirs),
             "{reason}: {ours} ns, the workload timed {theirs} ns"
         );
     }
     // Every sleep in the file's life (fsync's in the disk and the journal) is disk.
     let (disk, off_cpu) = (reason_ns("disk"), field(&timed, "disk_ns"));
     assert!(
-        disk > 0 && close_to(disk, off_cpu),
+        disk > 0 && close_to_timed(disk, off_cpu),
         "disk {disk} ns; the workload was off the CPU for {off_cpu} ns of its file's life"
     );
 }
