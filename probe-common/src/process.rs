@@ -46,6 +46,8 @@ pub const PROCESS_FORKED: u32 = 1;
 pub const PROCESS_EXECED: u32 = 2;
 /// [`ThreadEnd`]: a thread's final totals.
 pub const THREAD_ENDED: u32 = 3;
+/// [`ProcessExiting`]: a process's last thread began to exit, its memory not yet released.
+pub const PROCESS_EXITING: u32 = 4;
 
 /// A new process (not a thread): `clone` without `CLONE_THREAD`.
 #[repr(C)]
@@ -84,6 +86,23 @@ pub struct ProcessExec {
 }
 
 const _: () = assert!(core::mem::size_of::<ProcessExec>() == 24 + ARGS_BYTES);
+
+/// A process's resident set as it ends: told by its last thread to exit, from
+/// `sched_process_exit` on kernels that call it before the memory is released (it then
+/// passes `group_dead`), so only there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessExiting {
+    /// [`PROCESS_EXITING`].
+    pub kind: u32,
+    /// Process id.
+    pub pid: u32,
+    /// Resident pages (file, anonymous and shared memory), as /proc/PID/status's VmRSS
+    /// reads them.
+    pub rss_pages: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<ProcessExiting>() == 16);
 
 /// A thread's final totals, at its last switch-out (its CPU time whole).
 #[repr(C)]
@@ -158,10 +177,16 @@ pub struct ProcessOffsets {
     pub signal_live: u32,
     /// `signal_struct.nr_threads`.
     pub signal_nr_threads: u32,
+    /// `mm_struct.rss_stat`: the resident-page counters (0: a layout the agent cannot read).
+    pub mm_rss_stat: u32,
+    /// Bytes from one counter of `rss_stat` to the next (`sizeof(struct percpu_counter)`).
+    pub rss_counter_stride: u32,
+    /// `percpu_counter.count`: the counter's value as /proc reads it.
+    pub rss_counter_count: u32,
 }
 
 /// Globals holding [`ProcessOffsets`], in field order.
-pub const PROCESS_OFFSET_GLOBALS: [&str; 10] = [
+pub const PROCESS_OFFSET_GLOBALS: [&str; 13] = [
     "TASK_START_TIME_OFFSET",
     "TASK_EXIT_CODE_OFFSET",
     "TASK_NVCSW_OFFSET",
@@ -172,11 +197,20 @@ pub const PROCESS_OFFSET_GLOBALS: [&str; 10] = [
     "MM_ARG_END_OFFSET",
     "SIGNAL_LIVE_OFFSET",
     "SIGNAL_NR_THREADS_OFFSET",
+    "MM_RSS_STAT_OFFSET",
+    "RSS_COUNTER_STRIDE",
+    "RSS_COUNTER_COUNT_OFFSET",
 ];
+
+/// `rss_stat` counters that make up the resident set, as /proc's VmRSS adds them:
+/// `MM_FILEPAGES`, `MM_ANONPAGES` and `MM_SHMEMPAGES` (not `MM_SWAPENTS`, index 2), in the
+/// order of the kernel's anonymous enum in include/linux/mm_types_task.h, which BTF does not
+/// name.
+pub const RSS_COUNTERS: [u32; 3] = [0, 1, 3];
 
 impl ProcessOffsets {
     /// The offsets in the order of [`PROCESS_OFFSET_GLOBALS`].
-    pub fn values(&self) -> [u32; 10] {
+    pub fn values(&self) -> [u32; 13] {
         [
             self.task_start_time,
             self.task_exit_code,
@@ -188,6 +222,9 @@ impl ProcessOffsets {
             self.mm_arg_end,
             self.signal_live,
             self.signal_nr_threads,
+            self.mm_rss_stat,
+            self.rss_counter_stride,
+            self.rss_counter_count,
         ]
     }
 }

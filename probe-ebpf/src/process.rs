@@ -20,8 +20,9 @@ use aya_ebpf::{
 use probe_common::{
     drops::DROP_PROCESS_EVENTS,
     process::{
-        ARGS_BYTES, PROCESS_CPU_ENTRIES, PROCESS_EVENTS_BYTES, PROCESS_EXECED, PROCESS_FORKED,
-        ProcessBytes, ProcessExec, ProcessFork, THREAD_ENDED, ThreadEnd,
+        ARGS_BYTES, PROCESS_CPU_ENTRIES, PROCESS_EVENTS_BYTES, PROCESS_EXECED, PROCESS_EXITING,
+        PROCESS_FORKED, ProcessBytes, ProcessExec, ProcessExiting, ProcessFork, RSS_COUNTERS,
+        THREAD_ENDED, ThreadEnd,
     },
 };
 
@@ -106,6 +107,12 @@ static MM_ARG_END_OFFSET: Global<u32> = Global::new(0);
 static SIGNAL_LIVE_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static SIGNAL_NR_THREADS_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static MM_RSS_STAT_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static RSS_COUNTER_STRIDE: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static RSS_COUNTER_COUNT_OFFSET: Global<u32> = Global::new(0);
 
 /// Whether process events are wanted.
 #[inline(always)]
@@ -209,6 +216,46 @@ pub fn proc_exec(ctx: BtfTracePointContext) -> u32 {
         };
         (*event).args_len = if read == 0 { len } else { 0 };
     }
+    entry.submit(0);
+    0
+}
+
+/// `sched_process_exit(struct task_struct *p, bool group_dead)`, on kernels that call it
+/// before the exiting thread lets go of its memory (those that pass `group_dead`; the loader
+/// attaches it only there): the last thread of a process to exit tells the resident set the
+/// process ends with, which is gone by its last switch-out.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn proc_exit_rss(ctx: BtfTracePointContext) -> u32 {
+    if !on() || ctx.arg::<u64>(1) & 0xff == 0 {
+        return 0;
+    }
+    let process: task::Task = ctx.arg(0);
+    // SAFETY: BTF-checked loads through the task pointer and its mm (a fault yields 0).
+    let rss_pages = unsafe {
+        let mm: *const u8 = field(process, TASK_MM_OFFSET.load());
+        if mm.is_null() {
+            // A kernel thread.
+            return 0;
+        }
+        let (base, stride) = (MM_RSS_STAT_OFFSET.load(), RSS_COUNTER_STRIDE.load());
+        let count = RSS_COUNTER_COUNT_OFFSET.load();
+        let mut pages = 0u64;
+        for index in RSS_COUNTERS {
+            // The counter's shared value, as /proc reads it (its per-CPU parts unsummed).
+            let counter: i64 = field(mm, base + index * stride + count);
+            pages += counter.max(0) as u64;
+        }
+        pages
+    };
+    let Some(mut entry) = PROCESS_EVENTS.reserve::<ProcessExiting>(0) else {
+        count_drop(DROP_PROCESS_EVENTS);
+        return 0;
+    };
+    entry.write(ProcessExiting {
+        kind: PROCESS_EXITING,
+        pid: task::tgid(process),
+        rss_pages,
+    });
     entry.submit(0);
     0
 }

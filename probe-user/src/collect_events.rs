@@ -17,7 +17,10 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use probe_common::{
     lifecycle::{CGROUP_MADE, CgroupEvent},
-    process::{PROCESS_EXECED, PROCESS_FORKED, ProcessExec, ProcessFork, THREAD_ENDED, ThreadEnd},
+    process::{
+        PROCESS_EXECED, PROCESS_EXITING, PROCESS_FORKED, ProcessExec, ProcessExiting, ProcessFork,
+        THREAD_ENDED, ThreadEnd,
+    },
 };
 
 use crate::{
@@ -182,6 +185,13 @@ pub fn decode_process_event(item: &[u8]) -> Option<ProcessEvent> {
             Some(ProcessEvent::Execed {
                 pid: exec.pid,
                 command: (len > 0).then(|| command_from_args(&exec.args[..len])),
+            })
+        }
+        PROCESS_EXITING => {
+            let exiting: ProcessExiting = record(item)?;
+            Some(ProcessEvent::Exiting {
+                pid: exiting.pid,
+                rss_bytes: exiting.rss_pages * page_bytes(),
             })
         }
         THREAD_ENDED => {

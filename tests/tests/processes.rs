@@ -522,3 +522,66 @@ fn serve_shows_a_named_trees_bytes_while_it_runs() {
     stop(&mut serve.0);
     eprintln!("live tree bytes: {running_bytes} while running, counted {counted}");
 }
+
+/// Whether the kernel's sched_process_exit passes `group_dead`, as its own tracefs format
+/// says (mounting tracefs if it is not): the kernels that call it before the process's memory
+/// is released.
+fn exit_tracepoint_passes_group_dead() -> bool {
+    let format = |root: &str| {
+        std::fs::read_to_string(format!("{root}/events/sched/sched_process_exit/format")).ok()
+    };
+    if let Some(text) =
+        format("/sys/kernel/tracing").or_else(|| format("/sys/kernel/debug/tracing"))
+    {
+        return text.contains("group_dead");
+    }
+    let mount = std::env::temp_dir().join(format!("wp-tracefs-{}", std::process::id()));
+    std::fs::create_dir_all(&mount).expect("tracefs mount point");
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tracefs", "tracefs"])
+        .arg(&mount)
+        .status()
+        .expect("mount tracefs");
+    assert!(status.success(), "mounting tracefs failed");
+    let text = format(&mount.to_string_lossy()).expect("sched_process_exit's format");
+    let _ = std::process::Command::new("umount").arg(&mount).status();
+    let _ = std::fs::remove_dir(&mount);
+    text.contains("group_dead")
+}
+
+#[test]
+fn a_process_resident_set_at_its_end_is_what_proc_last_said() {
+    let cgroup = TestCgroup::new("procrss");
+    let pattern = format!("/{}", cgroup.name());
+    const HELD_MIB: u64 = 48;
+    let mut told = Vec::new();
+    let lines = watch_while(&["--processes", "--workers", &pattern], || {
+        told = output_lines(cgroup.spawn_workload(&["rss-at-exit", &HELD_MIB.to_string()]));
+    });
+    let child = &told[0];
+    let pid = u64_of(child, &["pid"]);
+    let summary = process_exits(&lines)
+        .find(|line| u64_of(line, &["pid"]) == pid)
+        .unwrap_or_else(|| panic!("no summary of {pid}: {lines:?}"));
+    let proc_said = u64_of(child, &["vm_rss_kb"]) * 1024;
+    assert!(proc_said >= HELD_MIB << 20, "{child}");
+    assert_eq!(
+        u64_of(summary, &["peak_rss_bytes"]),
+        u64_of(child, &["maxrss_kb"]) * 1024
+    );
+    if !exit_tracepoint_passes_group_dead() {
+        // The kernel tells a process's end only after its memory is gone: not measured.
+        assert!(summary["end_rss_bytes"].is_null(), "{summary}");
+        eprintln!("resident set at the end: not measured on this kernel, as expected");
+        return;
+    }
+    let ours = u64_of(summary, &["end_rss_bytes"]);
+    // Between its last read of /proc and its exit the child only wrote to a pipe: a few
+    // pages, plus what the kernel's per-CPU counter batches fold in meanwhile.
+    let off = ours.abs_diff(proc_said);
+    assert!(
+        off <= 1 << 20,
+        "resident set at the end: ours {ours} B, /proc's last VmRSS {proc_said} B: {summary}"
+    );
+    eprintln!("resident set at the end: ours {ours} B, /proc's last VmRSS {proc_said} B");
+}

@@ -46,6 +46,12 @@ impl Need {
             } if *args >= 4 => {
                 "a sched_switch tracepoint that passes prev_state (Linux 5.18+)".into()
             }
+            Need::Tracepoint {
+                name: "sched_process_exit",
+                args,
+            } if *args >= 2 => {
+                "a sched_process_exit tracepoint called before the process's memory is released, which passes group_dead (Linux 6.15+)".into()
+            }
             Need::Tracepoint { name, .. } => format!("the {name} tracepoint in the kernel's BTF"),
             Need::Function { name, .. } => {
                 format!("a traceable {name}() of the expected signature in the kernel's BTF")

@@ -94,6 +94,40 @@ pub fn process_offsets(btf: &Btf) -> anyhow::Result<ProcessOffsets> {
         mm_arg_end: member_offset(btf, "mm_struct", &["arg_end"])?,
         signal_live: member_offset(btf, "signal_struct", &["live"])?,
         signal_nr_threads: member_offset(btf, "signal_struct", &["nr_threads"])?,
+        ..rss_counter_offsets(btf).unwrap_or_default()
+    })
+}
+
+/// Where a process's resident-page counters are: `mm_struct.rss_stat` as an array of
+/// `struct percpu_counter` (Linux 6.2+, and so every kernel that tells a process's end
+/// before releasing its memory). The other offsets are left 0.
+fn rss_counter_offsets(btf: &Btf) -> anyhow::Result<ProcessOffsets> {
+    let mm = btf
+        .resolve_types_by_name("mm_struct")?
+        .into_iter()
+        .find(|candidate| matches!(candidate, Type::Struct(_)))
+        .ok_or_else(|| anyhow!("mm_struct is not a struct in the kernel's BTF"))?;
+    let Some((_, Type::Array(counters))) = find_member(btf, &mm, "rss_stat")? else {
+        bail!("mm_struct.rss_stat is not an array of counters");
+    };
+    let Type::Struct(counter) = strip_modifiers(btf, btf.resolve_chained_type(&counters)?)? else {
+        bail!("mm_struct.rss_stat holds no structs");
+    };
+    let count = member_offset(btf, "percpu_counter", &["count"])?;
+    let stride = counter.size() as u32;
+    let highest = probe_common::process::RSS_COUNTERS
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or(0);
+    if counters.len() as u32 <= highest || stride < count + 8 {
+        bail!("mm_struct.rss_stat has an unexpected shape");
+    }
+    Ok(ProcessOffsets {
+        mm_rss_stat: member_offset(btf, "mm_struct", &["rss_stat"])?,
+        rss_counter_stride: stride,
+        rss_counter_count: count,
+        ..ProcessOffsets::default()
     })
 }
 

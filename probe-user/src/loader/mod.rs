@@ -304,7 +304,15 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     if options.processes && !groups.contains(&ProgramGroup::Processes) {
         groups.push(ProgramGroup::Processes);
     }
-    let plan = Plan::new(&groups, &features);
+    let mut plan = Plan::new(&groups, &features);
+    if process.mm_rss_stat == 0 {
+        // A kernel that tells a process's end in time but keeps its counters otherwise.
+        plan.refuse_extra(
+            "proc_exit_rss",
+            "resident-page counters the agent can read (mm_struct.rss_stat as percpu counters)"
+                .into(),
+        );
+    }
     if !plan.runs_anything() {
         return Err(UserError::NothingToMeasure(plan.notes(&features::kernel_release())).into());
     }

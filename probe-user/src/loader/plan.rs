@@ -361,8 +361,20 @@ const PROCESSES: &[Variant] = &[Variant {
         tp("proc_fork", "sched_process_fork"),
         tp("proc_exec", "sched_process_exec"),
     ],
-    extras: &[],
+    extras: &[EXIT_RSS],
 }];
+
+/// A process's resident set as it ends: only where `sched_process_exit` comes before the
+/// exiting thread lets go of its memory, which the kernels that moved it there tell by
+/// passing `group_dead`.
+pub const EXIT_RSS: Extra = Extra {
+    counts: "processes' resident sets at their end",
+    needs: &[Need::Tracepoint {
+        name: "sched_process_exit",
+        args: 2,
+    }],
+    programs: &[tp("proc_exit_rss", "sched_process_exit")],
+};
 
 const FLOOR: &[Variant] = &[Variant {
     name: "tp_btf sched_switch (empty)",
@@ -577,6 +589,7 @@ impl Plan {
             lifecycle: runs(ProgramGroup::Lifecycle),
             endpoints: runs(ProgramGroup::Endpoints) && runs(ProgramGroup::Net),
             splice_reads: runs(ProgramGroup::Net) && self.extra_runs(&SPLICE_READS),
+            exit_rss: runs(ProgramGroup::Processes) && self.extra_runs(&EXIT_RSS),
         }
     }
 
@@ -820,7 +833,34 @@ mod tests {
             ]
         );
         assert!(plan.notes("6.12").is_empty());
-        assert_eq!(plan.measured(), Measured::default());
+        // Process workers not asked for: nor their resident sets.
+        assert_eq!(
+            plan.measured(),
+            Measured {
+                exit_rss: false,
+                ..Measured::default()
+            }
+        );
+    }
+
+    #[test]
+    fn resident_sets_at_the_end_only_where_the_exit_tracepoint_comes_in_time() {
+        let mut features = linux_6_1();
+        features.tracepoints.insert("sched_process_fork".into(), 2);
+        features.tracepoints.insert("sched_process_exec".into(), 3);
+        // 6.1 to 6.14: sched_process_exit(p), after the memory is released.
+        let plan = Plan::new(&[ProgramGroup::Processes], &features);
+        assert!(!names(&plan).contains(&"proc_exit_rss"));
+        assert!(!plan.measured().exit_rss);
+        let notes = plan.notes("6.12");
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("resident sets") && notes[0].contains("group_dead"));
+        // Later kernels: sched_process_exit(p, group_dead), before it.
+        features.tracepoints.insert("sched_process_exit".into(), 2);
+        let plan = Plan::new(&[ProgramGroup::Processes], &features);
+        assert!(names(&plan).contains(&"proc_exit_rss"));
+        assert!(plan.measured().exit_rss);
+        assert!(plan.notes("6.18").is_empty());
     }
 
     #[test]

@@ -39,6 +39,14 @@ pub enum ProcessEvent {
         /// Its command line, arguments separated by spaces (`None`: it could not be read).
         command: Option<String>,
     },
+    /// A process's last thread began to exit (told only where the kernel does so before
+    /// releasing the process's memory).
+    Exiting {
+        /// The process.
+        pid: u32,
+        /// Its resident set, bytes.
+        rss_bytes: u64,
+    },
     /// A thread's final counters.
     ThreadEnded(ThreadTotals),
 }
@@ -310,6 +318,8 @@ pub struct ProcessSummary {
     pub exit: ExitStatus,
     /// Its largest resident set, bytes (its own ru_maxrss).
     pub peak_rss_bytes: u64,
+    /// Its resident set as it ended, bytes; `None` where the kernel does not tell it.
+    pub end_rss_bytes: Option<u64>,
     /// Its threads' counters, summed.
     pub counters: ProcessCounters,
     /// Its CPU time on each CPU, ns: the switch programs' per-CPU slices, scaled to add up
@@ -484,6 +494,8 @@ struct Process {
     main: Option<ThreadTotals>,
     /// The thread that ended last: its exit status and peak are the process's.
     last: Option<ThreadTotals>,
+    /// Its resident set as its last thread began to exit.
+    end_rss_bytes: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -592,6 +604,11 @@ impl ProcessTracker {
                     if process.tree.is_none() {
                         self.start_tree(pid, &command);
                     }
+                }
+            }
+            ProcessEvent::Exiting { pid, rss_bytes } => {
+                if !self.ended.contains(&pid) {
+                    self.processes.entry(pid).or_default().end_rss_bytes = Some(rss_bytes);
                 }
             }
             ProcessEvent::ThreadEnded(thread) => {
@@ -727,6 +744,7 @@ impl ProcessTracker {
                 ended_ns: last.exited_ns,
                 exit: ExitStatus::from_wait_status(last.exit_code),
                 peak_rss_bytes: last.max_rss_bytes,
+                end_rss_bytes: process.end_rss_bytes,
                 cpu_ns_per_cpu: scaled_to(per_cpu_of(pid), process.counters.cpu_ns),
                 counters: process.counters,
                 tree: tree_label,

@@ -78,6 +78,10 @@ pub struct Measured {
     /// only where the kernel allows fexit). Absent in older recordings: they did not.
     #[serde(default)]
     pub splice_reads: bool,
+    /// Whether process workers' resident sets at their end are read (only where the kernel
+    /// tells a process's end before releasing its memory). Absent in older recordings: not.
+    #[serde(default)]
+    pub exit_rss: bool,
 }
 
 impl Default for Measured {
@@ -91,6 +95,7 @@ impl Default for Measured {
             endpoints: true,
             waits: true,
             splice_reads: true,
+            exit_rss: true,
         }
     }
 }

@@ -31,6 +31,7 @@ pub fn process_json(
         "lived_ns": summary.ended_ns.saturating_sub(summary.started_ns),
         "exit": summary.exit,
         "peak_rss_bytes": summary.peak_rss_bytes,
+        "end_rss_bytes": end_rss(summary, measured),
         "counters": counters_json(&summary.counters, measured),
         "cpu_ns_per_cpu": summary.cpu_ns_per_cpu,
         "tree": summary.tree,
@@ -57,8 +58,8 @@ pub fn tree_json(tree: &TreeSummary, boot_offset_ns: i128, measured: Measured) -
 
 /// For a tree the `lithops` rule named, the call's record keyed as Lithops keys its calls.
 /// Fields named as Lithops names them mean what they mean in Lithops, with the call's true
-/// values (seconds, bytes): CPU and bytes of all the call's processes, and the peak memory of
-/// the function's own process (the process the runner forked to run it: the busiest that
+/// values (seconds, bytes): CPU and bytes of all the call's processes, and the peak and final
+/// resident set of the function's own process (the process the runner forked to run it: the busiest that
 /// did not exec). The `function_*` fields are workerprobe's: that process's pid, CPU, and
 /// start and end (epoch seconds; Lithops' own `worker_func_*_tstamp` time the call inside
 /// it). `None` for other trees.
@@ -100,12 +101,18 @@ pub fn lithops_call_json(
         "worker_func_sent_net_io": bytes(tree.counters.sent_bytes),
         "worker_func_recv_net_io": bytes(tree.counters.received_bytes),
         "worker_peak_memory_end": function.map(|f| f.peak_rss_bytes),
+        "worker_func_rss": function.and_then(|f| end_rss(f, measured)),
         "function_pid": function.map(|f| f.pid),
         "function_cpu_time": function.map(|f| seconds(f.counters.cpu_ns)),
         "function_process_start_tstamp": function.map(|f| epoch(f.started_ns)),
         "function_process_end_tstamp": function.map(|f| epoch(f.ended_ns)),
         "processes": tree.processes,
     }))
+}
+
+/// A process's resident set as it ended; `None` (null) where the kernel does not tell it.
+fn end_rss(summary: &ProcessSummary, measured: Measured) -> Option<u64> {
+    summary.end_rss_bytes.filter(|_| measured.exit_rss)
 }
 
 /// Counters with their units in their names; bytes and wait reasons null when not measured.
@@ -174,7 +181,7 @@ pub fn process_line(summary: &ProcessSummary, path: Option<&str>, measured: Meas
     let counters = &summary.counters;
     let net = measured.net;
     format!(
-        "process {} ({}) in {} lived {:.3}s cpu {:.3}s (user {:.3}s system {:.3}s){} sent {} received {} peak rss {:.1} MB exit {}{}",
+        "process {} ({}) in {} lived {:.3}s cpu {:.3}s (user {:.3}s system {:.3}s){} sent {} received {} peak rss {:.1} MB{} exit {}{}",
         summary.pid,
         summary.command.as_deref().unwrap_or(&summary.comm),
         path.unwrap_or("?"),
@@ -186,6 +193,9 @@ pub fn process_line(summary: &ProcessSummary, path: Option<&str>, measured: Meas
         bytes_text(counters.sent_bytes, net),
         bytes_text(counters.received_bytes, net),
         summary.peak_rss_bytes as f64 / 1e6,
+        end_rss(summary, measured)
+            .map(|bytes| format!(" ({:.1} MB at end)", bytes as f64 / 1e6))
+            .unwrap_or_default(),
         match summary.exit {
             crate::model::process::ExitStatus::Code(code) => format!("code {code}"),
             crate::model::process::ExitStatus::Signal(signal) => format!("signal {signal}"),

@@ -1303,6 +1303,7 @@ mod tests {
                 delays: false,
                 net: false,
                 splice_reads: false,
+                exit_rss: false,
             },
             ..Exposition::default()
         });

@@ -84,6 +84,7 @@ fn main() {
         "fanout" => fanout(&args[1..args.len() - 1], num(&args[args.len() - 1])),
         "sendfile" => send_file(arg(1), num(arg(2))),
         "forks" => forks(num(arg(1)), num(arg(2))),
+        "rss-at-exit" => rss_at_exit(num(arg(1))),
         "rusage-of" => rusage_of(arg(1), &args[2..]),
         "threads" => threads(
             num(arg(1)),
@@ -356,6 +357,41 @@ fn forks(count: u64, burn_us: u64) {
             usage.ru_maxrss,
         );
     }
+}
+
+/// A child that touches `mib` MiB, reads its own VmRSS (/proc/self/status) and exits at
+/// once without freeing anything: prints its pid, that VmRSS and its ru_maxrss.
+fn rss_at_exit(mib: u64) {
+    let mut pipe = [0i32; 2];
+    // SAFETY: fills two descriptors.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0, "pipe");
+    let (pid, status, usage) = fork_and_wait(|| {
+        let mut held = vec![0u8; (mib as usize) << 20];
+        for page in held.chunks_mut(4096) {
+            page[0] = 1;
+        }
+        std::hint::black_box(&held);
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let vm_rss_kb: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0);
+        let bytes = vm_rss_kb.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer into our pipe.
+        unsafe { libc::write(pipe[1], bytes.as_ptr().cast(), bytes.len()) };
+        std::mem::forget(held);
+        0
+    });
+    let mut bytes = [0u8; 8];
+    // SAFETY: reads 8 bytes into a live buffer from our pipe.
+    let read = unsafe { libc::read(pipe[0], bytes.as_mut_ptr().cast(), bytes.len()) };
+    assert_eq!(read, 8, "the child's VmRSS");
+    println!(
+        r#"{{"pid":{pid},"status":{status},"vm_rss_kb":{},"maxrss_kb":{}}}"#,
+        u64::from_ne_bytes(bytes),
+        usage.ru_maxrss,
+    );
 }
 
 /// A process tree (its name on the command line is for rules to match): forks `children`

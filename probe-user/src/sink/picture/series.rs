@@ -624,6 +624,7 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
                     endpoints: all.endpoints && run.endpoints,
                     waits: all.waits && run.waits,
                     splice_reads: all.splice_reads && run.splice_reads,
+                    exit_rss: all.exit_rss && run.exit_rss,
                 }
             },
         ),
