@@ -108,11 +108,19 @@ pub const DEFAULT_MAX_ENDPOINTS: u32 = 65_536;
 /// [`EndpointKey::family`] of a worker's entry for the endpoints beyond its bound.
 pub const ENDPOINT_OTHER: u16 = 0xffff;
 
+/// [`EndpointKey::owner`] of a worker's (cgroup's) entry.
+pub const ENDPOINT_OF_WORKER: u32 = 0;
+/// [`EndpointKey::owner`] of a process's entry (process workers, `watch --processes`).
+pub const ENDPOINT_OF_PROCESS: u32 = 1;
+/// Set in an `ENDPOINT_COUNTS` key that counts a process's endpoints (pid in the low bits),
+/// apart from the cgroups'.
+pub const PROCESS_ENDPOINT_COUNT: u64 = 1 << 63;
+
 /// A worker's remote endpoint: the socket's peer as the kernel holds it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EndpointKey {
-    /// cgroup v2 id of the worker.
+    /// cgroup v2 id of the worker, or the process id of a process's entry.
     pub cgroup_id: u64,
     /// Peer address: IPv4 in the first 4 bytes, IPv6 in all 16, zeros for unix sockets and
     /// unconnected ones.
@@ -121,8 +129,8 @@ pub struct EndpointKey {
     pub port: u16,
     /// Address family (`AF_INET`, `AF_INET6`, `AF_UNIX`, …), or [`ENDPOINT_OTHER`].
     pub family: u16,
-    /// Keeps the size a multiple of 8 with no implicit padding.
-    pub reserved: u32,
+    /// Whose entry: [`ENDPOINT_OF_WORKER`] or [`ENDPOINT_OF_PROCESS`].
+    pub owner: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 32);

@@ -28,8 +28,9 @@ use probe_common::{
     DEFAULT_MAX_WORKERS,
     drops::{DROP_ENDPOINT_OVERFLOW, DROP_ENDPOINTS, DROP_NET_STATS},
     net::{
-        AF_INET, AF_INET6, DEFAULT_ENDPOINTS_PER_WORKER, DEFAULT_MAX_ENDPOINTS, ENDPOINT_OTHER,
-        EndpointKey, EndpointStats, MSG_PEEK, NetStats, family_slot,
+        AF_INET, AF_INET6, DEFAULT_ENDPOINTS_PER_WORKER, DEFAULT_MAX_ENDPOINTS,
+        ENDPOINT_OF_PROCESS, ENDPOINT_OF_WORKER, ENDPOINT_OTHER, EndpointKey, EndpointStats,
+        MSG_PEEK, NetStats, PROCESS_ENDPOINT_COUNT, family_slot,
     },
 };
 
@@ -284,7 +285,8 @@ fn add_hashed(cgroup_id: u64, family_slot: usize, bytes: u64, sent: bool) {
 }
 
 /// Adds a call to the worker's entry for the socket's peer, with the network sleeps of the
-/// call that just returned (claimed from the thread's state).
+/// call that just returned (claimed from the thread's state), and, for process workers, to
+/// the process's entry for that peer too.
 #[inline(never)]
 fn account_endpoint(
     sock: *const u8,
@@ -293,14 +295,39 @@ fn account_endpoint(
     bytes: u64,
     sent: bool,
 ) {
-    // Read again rather than passed: a BPF function takes at most five arguments.
+    let (wait_ns, waits) = state.map_or((0, 0), |state| claim_network_wait(state, current));
+    let call = EndpointCall {
+        bytes,
+        sent,
+        wait_ns,
+        waits,
+    };
+    let mut key = peer_key(sock, task::cgroup_id(current), ENDPOINT_OF_WORKER);
+    add_to_endpoint(&mut key, &call);
+    if crate::process::on() {
+        let mut key = peer_key(sock, u64::from(task::tgid(current)), ENDPOINT_OF_PROCESS);
+        add_to_endpoint(&mut key, &call);
+    }
+}
+
+/// What one socket call adds to an endpoint's entry.
+struct EndpointCall {
+    bytes: u64,
+    sent: bool,
+    wait_ns: u64,
+    waits: u64,
+}
+
+/// The key of the socket's peer in the entries of `owner` (a cgroup id, or a pid).
+#[inline(always)]
+fn peer_key(sock: *const u8, owner_id: u64, owner: u32) -> EndpointKey {
     let family = family_of(sock);
     let mut key = EndpointKey {
-        cgroup_id: task::cgroup_id(current),
+        cgroup_id: owner_id,
         addr: [0; 16],
         port: 0,
         family,
-        reserved: 0,
+        owner,
     };
     // SAFETY: BTF-checked loads from the socket pointer at offsets from BTF.
     unsafe {
@@ -320,10 +347,15 @@ fn account_endpoint(
             key.port = u16::from_be(dport);
         }
     }
-    let (wait_ns, waits) = state.map_or((0, 0), |state| claim_network_wait(state, current));
-    let stats = match ENDPOINTS.get_ptr_mut(key) {
+    key
+}
+
+/// Adds a call to the entry of `key` (made on first use, within its owner's bound).
+#[inline(never)]
+fn add_to_endpoint(key: &mut EndpointKey, call: &EndpointCall) {
+    let stats = match ENDPOINTS.get_ptr_mut(*key) {
         Some(stats) => stats,
-        None => match first_use(&mut key) {
+        None => match first_use(key) {
             Some(stats) => stats,
             None => {
                 count_drop(DROP_ENDPOINTS);
@@ -333,15 +365,15 @@ fn account_endpoint(
     };
     // SAFETY: per-CPU value of this CPU; no other writer while we run.
     let stats = unsafe { &mut *stats };
-    if sent {
-        stats.sent_bytes += bytes;
+    if call.sent {
+        stats.sent_bytes += call.bytes;
         stats.sent_calls += 1;
     } else {
-        stats.received_bytes += bytes;
+        stats.received_bytes += call.bytes;
         stats.received_calls += 1;
     }
-    stats.wait_ns += wait_ns;
-    stats.waits += waits;
+    stats.wait_ns += call.wait_ns;
+    stats.waits += call.waits;
 }
 
 /// The network sleeps of the system call the current thread is returning from.
@@ -357,15 +389,19 @@ fn claim_network_wait(state: &mut task::TaskState, current: task::Task) -> (u64,
     if same_call { claimed } else { (0, 0) }
 }
 
-/// Rare path: a worker's first call with a peer since load. Counts the worker's endpoints;
-/// past its bound the call goes to the worker's `other` entry instead.
+/// Rare path: a worker's (or process's) first call with a peer since load. Counts its
+/// endpoints; past its bound the call goes to its `other` entry instead.
 #[inline(never)]
 fn first_use(key: &mut EndpointKey) -> Option<*mut EndpointStats> {
-    let cgroup_id = key.cgroup_id;
-    if ENDPOINT_COUNTS.get_ptr_mut(cgroup_id).is_none() {
-        let _ = ENDPOINT_COUNTS.insert(cgroup_id, 0u64, BPF_NOEXIST);
+    let counted = if key.owner == ENDPOINT_OF_PROCESS {
+        PROCESS_ENDPOINT_COUNT | key.cgroup_id
+    } else {
+        key.cgroup_id
+    };
+    if ENDPOINT_COUNTS.get_ptr_mut(counted).is_none() {
+        let _ = ENDPOINT_COUNTS.insert(counted, 0u64, BPF_NOEXIST);
     }
-    let count = ENDPOINT_COUNTS.get_ptr_mut(cgroup_id)?;
+    let count = ENDPOINT_COUNTS.get_ptr_mut(counted)?;
     // SAFETY: a shared value; racing CPUs may let a worker pass its bound by one or two.
     if unsafe { core::ptr::read_volatile(count) } >= u64::from(ENDPOINTS_PER_WORKER.load()) {
         // Every call beyond the bound is counted, and charged to the worker's `other` peer.

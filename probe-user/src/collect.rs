@@ -14,7 +14,8 @@ use probe_common::{
     lifecycle::EVENTS_MAP,
     memory::PROCESS_PEAKS_MAP,
     net::{
-        ENDPOINT_COUNTS_MAP, ENDPOINTS_MAP, EndpointKey, EndpointStats, NET_STATS_MAP, NetStats,
+        ENDPOINT_COUNTS_MAP, ENDPOINT_OF_PROCESS, ENDPOINT_OF_WORKER, ENDPOINTS_MAP, EndpointKey,
+        EndpointStats, NET_STATS_MAP, NetStats, PROCESS_ENDPOINT_COUNT,
     },
     process::{PROCESS_CPU_MAP, PROCESS_EVENTS_MAP, PROCESS_NET_MAP, ProcessBytes},
 };
@@ -25,7 +26,8 @@ use crate::{
     loader::Probe,
     model::{
         Drops, ExitMemoryPeaks, LifecycleEvent, Measured, Sample, WorkerCounters,
-        endpoints::EndpointDelta, process::ProcessEvent,
+        endpoints::EndpointDelta,
+        process::{ProcessEvent, ProcessKept},
     },
     runtimes::{Runtimes, WorkerNames},
 };
@@ -75,6 +77,8 @@ pub struct KernelCollector {
     /// endpoints do too, and the read (a scan of the map's every bucket) is skipped.
     endpoints_read_at_calls: std::collections::HashMap<u64, u64>,
     last_endpoints: Vec<EndpointDelta>,
+    /// Processes' endpoints by pid, from the read since the last `begin_process_takes`.
+    process_endpoints: Option<std::collections::HashMap<u32, Vec<EndpointDelta>>>,
     drops: PerCpuArray<MapData, u64>,
     last_switch: PerCpuArray<MapData, LastSwitch>,
     /// The lifecycle ring, emptied by its own thread.
@@ -184,6 +188,7 @@ impl KernelCollector {
             endpoint_counts,
             endpoints_read_at_calls: std::collections::HashMap::new(),
             last_endpoints: Vec::new(),
+            process_endpoints: None,
             drops,
             cgroups,
             names: WorkerNames::new(Runtimes::none()),
@@ -248,8 +253,10 @@ impl Source for KernelCollector {
         if self.measured.endpoints {
             // Read after the calls: a call in between is in both by the next read.
             if calls != self.endpoints_read_at_calls {
+                // Processes' entries are taken at their ends (`take_process`).
                 self.last_endpoints = read_all(&self.endpoints, self.cpus)?
                     .into_iter()
+                    .filter(|(key, _)| key.owner == ENDPOINT_OF_WORKER)
                     .map(|(key, per_cpu)| sum_endpoint(key, &per_cpu))
                     .collect();
                 self.endpoints_read_at_calls = calls;
@@ -392,7 +399,7 @@ impl KernelCollector {
         if self.measured.endpoints {
             // Its endpoints are found by a read of the whole map: exits are rare beside ticks.
             for (key, per_cpu) in read_all(&self.endpoints, self.cpus).unwrap_or_default() {
-                if key.cgroup_id == cgroup_id {
+                if key.cgroup_id == cgroup_id && key.owner == ENDPOINT_OF_WORKER {
                     worker.endpoints.push(sum_endpoint(key, &per_cpu));
                     let _ = self.endpoints.remove(&key);
                 }
@@ -446,21 +453,64 @@ impl KernelCollector {
         }
     }
 
-    /// A process's CPU time on each CPU as the sched_switch programs added it up, then its
-    /// entries (CPU and live bytes) are freed; empty when the programs kept none for it.
-    pub fn take_process_cpu(&mut self, pid: u32) -> Vec<u64> {
+    /// What the programs kept of an ended process beside its threads' ends (its CPU time on
+    /// each CPU, and its endpoints where it moved bytes and endpoints are measured), then its
+    /// entries are freed. Its endpoints come from one read of the whole endpoint map per
+    /// [`Self::begin_process_takes`], shared by the processes taken after it.
+    pub fn take_process(&mut self, pid: u32, moved_bytes: bool) -> ProcessKept {
         if let Some(net) = self.process_net.as_mut() {
             let _ = net.remove(&pid);
         }
-        let Some(map) = self.process_cpu.as_mut() else {
-            return Vec::new();
+        let endpoints = if moved_bytes && self.measured.endpoints {
+            self.take_process_endpoints(pid)
+        } else {
+            Vec::new()
         };
-        let per_cpu = map
+        let Some(map) = self.process_cpu.as_mut() else {
+            return ProcessKept {
+                endpoints,
+                ..ProcessKept::default()
+            };
+        };
+        let cpu_ns_per_cpu = map
             .get(&pid, 0)
             .map(|values| values.iter().copied().collect())
             .unwrap_or_default();
         let _ = map.remove(&pid);
-        per_cpu
+        ProcessKept {
+            cpu_ns_per_cpu,
+            endpoints,
+        }
+    }
+
+    /// Processes are about to be taken: their endpoints are read afresh (once, if any of them
+    /// moved bytes), as each thread's end comes after its last socket call.
+    pub fn begin_process_takes(&mut self) {
+        self.process_endpoints = None;
+    }
+
+    fn take_process_endpoints(&mut self, pid: u32) -> Vec<EndpointDelta> {
+        let by_pid = self.process_endpoints.get_or_insert_with(|| {
+            let mut by_pid: std::collections::HashMap<u32, Vec<EndpointDelta>> =
+                std::collections::HashMap::new();
+            for (key, per_cpu) in read_all(&self.endpoints, self.cpus).unwrap_or_default() {
+                if key.owner == ENDPOINT_OF_PROCESS {
+                    by_pid
+                        .entry(key.cgroup_id as u32)
+                        .or_default()
+                        .push(sum_endpoint(key, &per_cpu));
+                }
+            }
+            by_pid
+        });
+        let endpoints = by_pid.remove(&pid).unwrap_or_default();
+        for endpoint in &endpoints {
+            let _ = self.endpoints.remove(&endpoint.key);
+        }
+        let _ = self
+            .endpoint_counts
+            .remove(&(PROCESS_ENDPOINT_COUNT | u64::from(pid)));
+        endpoints
     }
 
     /// A running process's socket bytes so far, sent and received, all its threads; `None`

@@ -4,8 +4,9 @@ import http.server
 import threading
 
 
-def serve(size):
-    """Starts the server on a free loopback port in a daemon thread; returns the port."""
+def serve(size, port=0):
+    """Starts the server on loopback `port` (0: a free one) in a daemon thread; returns the
+    port."""
     payload = b"x" * size
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -18,6 +19,6 @@ def serve(size):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server.server_address[1]

@@ -381,3 +381,29 @@ pub fn run_reasons(cgroup: &TestCgroup, before_go: impl FnOnce()) -> (u32, serde
     peer.write_all(b"!").expect("answer");
     (pid, wait_json(child))
 }
+
+/// Whether the kernel's sched_process_exit passes `group_dead`, as its own tracefs format
+/// says (mounting tracefs if it is not): the kernels that call it before the process's memory
+/// is released.
+pub fn exit_tracepoint_passes_group_dead() -> bool {
+    let format = |root: &str| {
+        std::fs::read_to_string(format!("{root}/events/sched/sched_process_exit/format")).ok()
+    };
+    if let Some(text) =
+        format("/sys/kernel/tracing").or_else(|| format("/sys/kernel/debug/tracing"))
+    {
+        return text.contains("group_dead");
+    }
+    let mount = std::env::temp_dir().join(format!("wp-tracefs-{}", std::process::id()));
+    std::fs::create_dir_all(&mount).expect("tracefs mount point");
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tracefs", "tracefs"])
+        .arg(&mount)
+        .status()
+        .expect("mount tracefs");
+    assert!(status.success(), "mounting tracefs failed");
+    let text = format(&mount.to_string_lossy()).expect("sched_process_exit's format");
+    let _ = std::process::Command::new("umount").arg(&mount).status();
+    let _ = std::fs::remove_dir(&mount);
+    text.contains("group_dead")
+}

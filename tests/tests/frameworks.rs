@@ -109,6 +109,7 @@ fn each_lithops_call_gets_its_own_record_with_its_true_cpu_and_bytes() {
         .collect();
     assert_eq!(rusage.len(), CALLS, "one rusage record per runner");
 
+    let exit_rss_measured = workerprobe_tests::exit_tracepoint_passes_group_dead();
     let key = |value: &Value| {
         (
             value["executor_id"]
@@ -170,6 +171,15 @@ fn each_lithops_call_gets_its_own_record_with_its_true_cpu_and_bytes() {
         assert!((user + system - ours_s).abs() < 1e-6);
         // The function's own process: what the function measured of its process.
         assert_eq!(record["function_pid"], result["pid"], "{record}");
+        // Its resident set as it ended: at most its peak, where the kernel tells it.
+        let peak = record["worker_peak_memory_end"].as_u64().unwrap();
+        match record["worker_func_rss"].as_u64() {
+            Some(rss) => {
+                assert!(exit_rss_measured, "{record}");
+                assert!(rss > 0 && rss <= peak, "{record}");
+            }
+            None => assert!(!exit_rss_measured, "{record}"),
+        }
         let function_s = record["function_cpu_time"].as_f64().unwrap();
         let measured_s = result["process_cpu_s"].as_f64().unwrap();
         assert!(
@@ -197,6 +207,12 @@ fn each_dask_worker_process_gets_its_cpu_and_bytes_and_they_add_up_to_the_cgroup
     let python = venv_python();
     let cgroup = TestCgroup::new("dask");
     let path = format!("/{}", cgroup.name());
+    // The downloads' server gets a port known before the agent starts, so a rule can name it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let downloads_rule = format!("--endpoint=downloads=127.0.0.1:{port}");
     let mut command = Command::new(&python);
     command
         .arg(python_dir().join("dask_map.py"))
@@ -205,18 +221,22 @@ fn each_dask_worker_process_gets_its_cpu_and_bytes_and_they_add_up_to_the_cgroup
             TASKS.to_string(),
             "0.3".into(),
             DOWNLOAD.to_string(),
+            port.to_string(),
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut driver = None;
-    let lines = watch_json_while(&["--processes", "--workers", &path], || {
-        driver = Some(
-            cgroup::spawn_in_cgroup(&mut command, &cgroup.dir)
-                .expect("start the Dask client")
-                .wait_with_output()
-                .expect("wait for the Dask client"),
-        );
-    });
+    let lines = watch_json_while(
+        &["--processes", "--workers", &path, &downloads_rule],
+        || {
+            driver = Some(
+                cgroup::spawn_in_cgroup(&mut command, &cgroup.dir)
+                    .expect("start the Dask client")
+                    .wait_with_output()
+                    .expect("wait for the Dask client"),
+            );
+        },
+    );
     let driver = driver.expect("the Dask run ran");
     assert!(
         driver.status.success(),
@@ -256,8 +276,34 @@ fn each_dask_worker_process_gets_its_cpu_and_bytes_and_they_add_up_to_the_cgroup
             .iter()
             .map(|task| task["burned_s"].as_f64().unwrap())
             .sum();
+        let requested: u64 = mine.iter().map(|task| task["sent"].as_u64().unwrap()).sum();
         let received = worker["counters"]["received_bytes"].as_u64().unwrap();
         let cpu_s = worker["counters"]["cpu_ns"].as_u64().unwrap() as f64 / 1e9;
+        // By endpoint, the downloads are exactly what the tasks counted, apart from the
+        // cluster's own traffic, and the endpoints add up to the totals.
+        let endpoints = worker["endpoints"].as_array().expect("endpoints");
+        let downloads = endpoints
+            .iter()
+            .find(|e| e["endpoint"] == "downloads")
+            .unwrap_or_else(|| panic!("worker {pid}: no downloads endpoint: {worker}"));
+        assert_eq!(
+            downloads["received_bytes"].as_u64(),
+            Some(downloaded),
+            "{worker}"
+        );
+        assert_eq!(
+            downloads["sent_bytes"].as_u64(),
+            Some(requested),
+            "{worker}"
+        );
+        let over_endpoints =
+            |field: &str| -> u64 { endpoints.iter().map(|e| e[field].as_u64().unwrap()).sum() };
+        assert_eq!(over_endpoints("received_bytes"), received, "{worker}");
+        assert_eq!(
+            over_endpoints("sent_bytes"),
+            worker["counters"]["sent_bytes"].as_u64().unwrap(),
+            "{worker}"
+        );
         assert!(
             received >= downloaded,
             "worker {pid}: received {received} < {downloaded}"
@@ -267,7 +313,7 @@ fn each_dask_worker_process_gets_its_cpu_and_bytes_and_they_add_up_to_the_cgroup
             "worker {pid}: CPU {cpu_s} s < its tasks' {burned} s"
         );
         eprintln!(
-            "Dask worker {pid}: {} tasks; CPU {cpu_s:.3} s (tasks {burned:.3} s); received {received} B ({downloaded} B downloaded, {} B the cluster's own)",
+            "Dask worker {pid}: {} tasks; CPU {cpu_s:.3} s (tasks {burned:.3} s); received {received} B ({downloaded} B from the downloads endpoint, exactly the tasks' count; {} B the cluster's own, on other endpoints)",
             mine.len(),
             received - downloaded
         );

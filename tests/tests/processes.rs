@@ -153,25 +153,48 @@ fn a_named_tree_sums_its_processes_as_rusage_does() {
 }
 
 #[test]
-fn a_process_bytes_are_the_ones_it_counted() {
+fn a_process_bytes_are_the_ones_it_counted_per_peer_too() {
     let cgroup = TestCgroup::new("procnet");
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("address").to_string();
-    const REPLY: usize = 300_000;
-    let server = std::thread::spawn(move || {
-        for _ in 0..2 {
-            let (mut stream, _) = listener.accept().expect("accept");
-            let mut request = Vec::new();
-            stream.read_to_end(&mut request).expect("read");
-            stream.write_all(&vec![7u8; REPLY]).expect("reply");
-        }
-    });
+    // Two servers, each replying its own size to one connection.
+    let servers: Vec<(String, usize, std::thread::JoinHandle<()>)> = [300_000, 200_000]
+        .into_iter()
+        .map(|reply| {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = listener.local_addr().expect("address").to_string();
+            let server = std::thread::spawn(move || {
+                let (mut stream, _) = listener.accept().expect("accept");
+                let mut request = Vec::new();
+                stream.read_to_end(&mut request).expect("read");
+                stream.write_all(&vec![7u8; reply]).expect("reply");
+            });
+            (addr, reply, server)
+        })
+        .collect();
+    const SENT_EACH: u64 = 1_234_567;
     let pattern = format!("/{}", cgroup.name());
+    let rules: Vec<String> = ["first", "second"]
+        .iter()
+        .zip(&servers)
+        .map(|(name, (addr, _, _))| format!("--endpoint={name}={addr}"))
+        .collect();
+    let mut args = vec!["--processes", "--workers", &pattern];
+    args.extend(rules.iter().map(String::as_str));
     let mut counted = Vec::new();
-    let lines = watch_while(&["--processes", "--workers", &pattern], || {
-        counted = output_lines(cgroup.spawn_workload(&["fanout", &addr, &addr, "1234567"]));
+    let lines = watch_while(&args, || {
+        counted = output_lines(cgroup.spawn_workload(&[
+            "fanout",
+            &servers[0].0,
+            &servers[1].0,
+            &SENT_EACH.to_string(),
+        ]));
     });
-    server.join().expect("server");
+    let replies: Vec<u64> = servers
+        .into_iter()
+        .map(|(_, reply, server)| {
+            server.join().expect("server");
+            reply as u64
+        })
+        .collect();
     let counted = &counted[0];
     let summaries: Vec<&Value> = process_exits(&lines)
         .filter(|line| line["path"].as_str() == Some(pattern.as_str()))
@@ -186,7 +209,21 @@ fn a_process_bytes_are_the_ones_it_counted() {
         u64_of(summary, &["counters", "received_bytes"]),
         u64_of(counted, &["received_bytes"])
     );
-    assert_eq!(u64_of(counted, &["received_bytes"]), 2 * REPLY as u64);
+    assert_eq!(
+        u64_of(counted, &["received_bytes"]),
+        replies.iter().sum::<u64>()
+    );
+    // Per peer: each server got what the process sent it and sent what it replied.
+    let endpoints = summary["endpoints"].as_array().expect("endpoints");
+    for (name, reply) in ["first", "second"].into_iter().zip(replies) {
+        let endpoint = endpoints
+            .iter()
+            .find(|e| e["endpoint"] == name)
+            .unwrap_or_else(|| panic!("no endpoint {name}: {summary}"));
+        assert_eq!(u64_of(endpoint, &["sent_bytes"]), SENT_EACH, "{endpoint}");
+        assert_eq!(u64_of(endpoint, &["received_bytes"]), reply, "{endpoint}");
+    }
+    assert_eq!(endpoints.len(), 2, "{summary}");
 }
 
 #[test]
@@ -523,32 +560,6 @@ fn serve_shows_a_named_trees_bytes_while_it_runs() {
     eprintln!("live tree bytes: {running_bytes} while running, counted {counted}");
 }
 
-/// Whether the kernel's sched_process_exit passes `group_dead`, as its own tracefs format
-/// says (mounting tracefs if it is not): the kernels that call it before the process's memory
-/// is released.
-fn exit_tracepoint_passes_group_dead() -> bool {
-    let format = |root: &str| {
-        std::fs::read_to_string(format!("{root}/events/sched/sched_process_exit/format")).ok()
-    };
-    if let Some(text) =
-        format("/sys/kernel/tracing").or_else(|| format("/sys/kernel/debug/tracing"))
-    {
-        return text.contains("group_dead");
-    }
-    let mount = std::env::temp_dir().join(format!("wp-tracefs-{}", std::process::id()));
-    std::fs::create_dir_all(&mount).expect("tracefs mount point");
-    let status = std::process::Command::new("mount")
-        .args(["-t", "tracefs", "tracefs"])
-        .arg(&mount)
-        .status()
-        .expect("mount tracefs");
-    assert!(status.success(), "mounting tracefs failed");
-    let text = format(&mount.to_string_lossy()).expect("sched_process_exit's format");
-    let _ = std::process::Command::new("umount").arg(&mount).status();
-    let _ = std::fs::remove_dir(&mount);
-    text.contains("group_dead")
-}
-
 #[test]
 fn a_process_resident_set_at_its_end_is_what_proc_last_said() {
     let cgroup = TestCgroup::new("procrss");
@@ -569,7 +580,7 @@ fn a_process_resident_set_at_its_end_is_what_proc_last_said() {
         u64_of(summary, &["peak_rss_bytes"]),
         u64_of(child, &["maxrss_kb"]) * 1024
     );
-    if !exit_tracepoint_passes_group_dead() {
+    if !workerprobe_tests::exit_tracepoint_passes_group_dead() {
         // The kernel tells a process's end only after its memory is gone: not measured.
         assert!(summary["end_rss_bytes"].is_null(), "{summary}");
         eprintln!("resident set at the end: not measured on this kernel, as expected");

@@ -168,7 +168,10 @@ impl Watcher {
             tracker.apply(event, now, &crate::cgroup::command_line);
         }
         let collector = &mut self.collector;
-        let ends = tracker.take_due(now, &mut |pid| collector.take_process_cpu(pid));
+        collector.begin_process_takes();
+        let ends = tracker.take_due(now, &mut |pid, moved_bytes| {
+            collector.take_process(pid, moved_bytes)
+        });
         let cgroups = self.collector.cgroups();
         Ok(ends
             .into_iter()
@@ -534,8 +537,14 @@ fn render_processes(
     for (end, path) in watcher.poll_processes()? {
         match end {
             ProcessEnd::Process(summary) if json => lines.push(
-                process_sink::process_json(&summary, path.as_deref(), boot_offset_ns, measured)
-                    .to_string(),
+                process_sink::process_json(
+                    &summary,
+                    path.as_deref(),
+                    boot_offset_ns,
+                    measured,
+                    &watcher.namer,
+                )
+                .to_string(),
             ),
             ProcessEnd::Process(summary) => {
                 lines.push(process_sink::process_line(
@@ -545,7 +554,10 @@ fn render_processes(
                 ));
             }
             ProcessEnd::Tree(tree) if json => {
-                lines.push(process_sink::tree_json(&tree, boot_offset_ns, measured).to_string());
+                lines.push(
+                    process_sink::tree_json(&tree, boot_offset_ns, measured, &watcher.namer)
+                        .to_string(),
+                );
                 if let Some(call) = process_sink::lithops_call_json(&tree, boot_offset_ns, measured)
                 {
                     lines.push(call.to_string());

@@ -296,7 +296,7 @@ mod tests {
             addr,
             port,
             family: AF_INET,
-            reserved: 0,
+            owner: 0,
         }
     }
 

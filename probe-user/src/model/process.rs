@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use regex::Regex;
 use serde::Serialize;
 
+use super::endpoints::{EndpointDelta, add_stats};
+
 /// How long a process waits, once its last thread has ended, before its summary: a thread
 /// that ended just before it may still be leaving its CPU elsewhere.
 pub const SETTLE: Duration = Duration::from_millis(100);
@@ -293,6 +295,15 @@ pub struct TreeLabel {
     pub root_pid: u32,
 }
 
+/// What the programs kept of an ended process beside its threads' ends.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProcessKept {
+    /// Its CPU time on each CPU as the switch programs added it up (empty: none kept).
+    pub cpu_ns_per_cpu: Vec<u64>,
+    /// Its socket peers (empty where endpoints are not measured or it moved no bytes).
+    pub endpoints: Vec<EndpointDelta>,
+}
+
 /// One process that ended.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ProcessSummary {
@@ -325,6 +336,9 @@ pub struct ProcessSummary {
     /// Its CPU time on each CPU, ns: the switch programs' per-CPU slices, scaled to add up
     /// to `counters.cpu_ns` (empty when none were kept).
     pub cpu_ns_per_cpu: Vec<u64>,
+    /// What it did with each socket peer (keys without owner; empty where not measured).
+    #[serde(skip)]
+    pub endpoints: Vec<EndpointDelta>,
     /// The named tree it belongs to.
     pub tree: Option<TreeLabel>,
 }
@@ -349,6 +363,9 @@ pub struct TreeSummary {
     pub counters: ProcessCounters,
     /// Its CPU time on each CPU, ns (its processes' summed).
     pub cpu_ns_per_cpu: Vec<u64>,
+    /// Its processes' socket peers, summed by peer.
+    #[serde(skip)]
+    pub endpoints: Vec<EndpointDelta>,
     /// The largest resident set of any of its processes, bytes.
     pub peak_rss_bytes: u64,
     /// The root's own summary.
@@ -508,6 +525,7 @@ struct Tree {
     ended_ns: u64,
     counters: ProcessCounters,
     cpu_ns_per_cpu: Vec<u64>,
+    endpoints: Vec<EndpointDelta>,
     peak_rss_bytes: u64,
     root: Option<ProcessSummary>,
     busiest_fork: Option<ProcessSummary>,
@@ -709,11 +727,11 @@ impl ProcessTracker {
 
     /// Summaries due by `now`: each ended process, and each named tree whose last process
     /// ended (after its processes' own summaries).
-    /// `per_cpu_of` gives a process's CPU time per CPU as kept (taking it).
+    /// `kept_of` takes what the programs kept of a process, given whether it moved bytes.
     pub fn take_due(
         &mut self,
         now: Instant,
-        per_cpu_of: &mut dyn FnMut(u32) -> Vec<u64>,
+        kept_of: &mut dyn FnMut(u32, bool) -> ProcessKept,
     ) -> Vec<ProcessEnd> {
         let mut ends = Vec::new();
         while let Some(&(due, pid)) = self.ending.front() {
@@ -733,6 +751,8 @@ impl ProcessTracker {
                 .tree
                 .and_then(|id| self.trees.get(&id))
                 .map(|tree| tree.label.clone());
+            let moved_bytes = process.counters.sent_bytes + process.counters.received_bytes > 0;
+            let kept = kept_of(pid, moved_bytes);
             let summary = ProcessSummary {
                 pid,
                 parent_pid: process.parent_pid,
@@ -745,7 +765,16 @@ impl ProcessTracker {
                 exit: ExitStatus::from_wait_status(last.exit_code),
                 peak_rss_bytes: last.max_rss_bytes,
                 end_rss_bytes: process.end_rss_bytes,
-                cpu_ns_per_cpu: scaled_to(per_cpu_of(pid), process.counters.cpu_ns),
+                cpu_ns_per_cpu: scaled_to(kept.cpu_ns_per_cpu, process.counters.cpu_ns),
+                endpoints: kept
+                    .endpoints
+                    .into_iter()
+                    .map(|mut endpoint| {
+                        endpoint.key.cgroup_id = 0;
+                        endpoint.key.owner = 0;
+                        endpoint
+                    })
+                    .collect(),
                 counters: process.counters,
                 tree: tree_label,
             };
@@ -762,6 +791,12 @@ impl ProcessTracker {
             }
             for (sum, cpu_ns) in tree.cpu_ns_per_cpu.iter_mut().zip(&summary.cpu_ns_per_cpu) {
                 *sum += cpu_ns;
+            }
+            for endpoint in &summary.endpoints {
+                match tree.endpoints.iter_mut().find(|e| e.key == endpoint.key) {
+                    Some(sum) => add_stats(&mut sum.stats, &endpoint.stats),
+                    None => tree.endpoints.push(endpoint.clone()),
+                }
             }
             tree.processes += 1;
             tree.peak_rss_bytes = tree.peak_rss_bytes.max(summary.peak_rss_bytes);
@@ -790,6 +825,7 @@ impl ProcessTracker {
                     ended_ns: tree.ended_ns,
                     counters: tree.counters,
                     cpu_ns_per_cpu: tree.cpu_ns_per_cpu,
+                    endpoints: tree.endpoints,
                     peak_rss_bytes: tree.peak_rss_bytes,
                     root: tree.root,
                     busiest_fork: tree.busiest_fork,
@@ -920,6 +956,7 @@ impl ProcessTracker {
                 ended_ns: 0,
                 counters: ProcessCounters::default(),
                 cpu_ns_per_cpu: Vec::new(),
+                endpoints: Vec::new(),
                 peak_rss_bytes: 0,
                 root: None,
                 busiest_fork: None,
@@ -952,6 +989,13 @@ fn scaled_to(per_cpu: Vec<u64>, total_ns: u64) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn kept_cpu(cpu_ns_per_cpu: Vec<u64>) -> ProcessKept {
+        ProcessKept {
+            cpu_ns_per_cpu,
+            ..ProcessKept::default()
+        }
+    }
 
     fn thread(tid: u32, pid: u32, runtime_ns: u64, utime_ns: u64, stime_ns: u64) -> ThreadTotals {
         ThreadTotals {
@@ -999,10 +1043,12 @@ mod tests {
             &no_command,
         );
         assert!(
-            tracker.take_due(now, &mut |_| Vec::new()).is_empty(),
+            tracker
+                .take_due(now, &mut |_, _| ProcessKept::default())
+                .is_empty(),
             "not before it settles"
         );
-        let ends = tracker.take_due(now + SETTLE, &mut |_| vec![1, 3]);
+        let ends = tracker.take_due(now + SETTLE, &mut |_, _| kept_cpu(vec![1, 3]));
         let [ProcessEnd::Process(summary)] = ends.as_slice() else {
             panic!("{ends:?}");
         };
@@ -1052,7 +1098,7 @@ mod tests {
             now,
             &no_command,
         );
-        let _ = tracker.take_due(now + SETTLE, &mut |_| vec![1, 3]);
+        let _ = tracker.take_due(now + SETTLE, &mut |_, _| kept_cpu(vec![1, 3]));
         // Running: 30 (its threads read 1,000) and 32 (2,000); 31 ended with 100.
         let read = |pid: u32, _| if pid == 30 { 1_000 } else { 2_000 };
         // Bytes so far: 30 received 500 and sent 7; 32 none yet; 31's map entry is gone.
@@ -1122,21 +1168,64 @@ mod tests {
             &no_command,
         );
         tracker.apply(
+            ProcessEvent::Exiting {
+                pid: 21,
+                rss_bytes: 4096,
+            },
+            now,
+            &no_command,
+        );
+        tracker.apply(
             ProcessEvent::ThreadEnded(thread(21, 21, 5_000, 1, 0)),
             now,
             &no_command,
         );
-        let ends = tracker.take_due(now + SETTLE, &mut |_| vec![1, 3]);
-        assert_eq!(ends.len(), 1, "the child's own summary only: {ends:?}");
+        // Both processes talked to one peer; the child to another as well (keys as kept,
+        // owned by the pid).
+        let peer = |pid: u32, port: u16, received_bytes: u64| EndpointDelta {
+            key: probe_common::net::EndpointKey {
+                cgroup_id: u64::from(pid),
+                port,
+                family: probe_common::net::AF_INET,
+                owner: probe_common::net::ENDPOINT_OF_PROCESS,
+                ..Default::default()
+            },
+            stats: probe_common::net::EndpointStats {
+                received_bytes,
+                ..Default::default()
+            },
+        };
+        let mut kept_of = |pid: u32, _| ProcessKept {
+            cpu_ns_per_cpu: vec![1, 3],
+            endpoints: if pid == 21 {
+                vec![peer(21, 80, 100), peer(21, 443, 7)]
+            } else {
+                vec![peer(20, 80, 20)]
+            },
+        };
+        let ends = tracker.take_due(now + SETTLE, &mut kept_of);
+        let [ProcessEnd::Process(child)] = ends.as_slice() else {
+            panic!("the child's own summary only: {ends:?}");
+        };
+        assert_eq!(child.end_rss_bytes, Some(4096));
+        assert_eq!(child.endpoints.len(), 2);
         tracker.apply(
             ProcessEvent::ThreadEnded(thread(20, 20, 1_000, 1, 1)),
             now,
             &no_command,
         );
-        let ends = tracker.take_due(now + SETTLE, &mut |_| vec![1, 3]);
+        let ends = tracker.take_due(now + SETTLE, &mut kept_of);
         let [ProcessEnd::Process(root), ProcessEnd::Tree(tree)] = ends.as_slice() else {
             panic!("{ends:?}");
         };
+        assert_eq!(root.end_rss_bytes, None, "not told: not measured");
+        // The tree's endpoints: one per peer, its processes' summed.
+        let received: Vec<(u16, u64)> = tree
+            .endpoints
+            .iter()
+            .map(|e| (e.key.port, e.stats.received_bytes))
+            .collect();
+        assert_eq!(received, [(80, 120), (443, 7)]);
         assert_eq!(root.tree.as_ref().unwrap().rule, "lithops");
         assert_eq!(tree.label.ids["executor"], "a1b2c3-0");
         assert_eq!(tree.label.ids["job"], "M000");
@@ -1166,7 +1255,7 @@ mod tests {
             now,
             &command_of,
         );
-        let ends = tracker.take_due(now + SETTLE, &mut |_| vec![1, 3]);
+        let ends = tracker.take_due(now + SETTLE, &mut |_, _| kept_cpu(vec![1, 3]));
         let [ProcessEnd::Process(child)] = ends.as_slice() else {
             panic!("{ends:?}");
         };

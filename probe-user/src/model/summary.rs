@@ -9,7 +9,7 @@ use probe_common::wait::WAIT_NAMES;
 
 use super::{
     ExitMemoryPeaks, Measured, MemoryReading, MemorySource, WorkerCounters,
-    endpoints::{EndpointNamer, by_label},
+    endpoints::{EndpointDelta, EndpointNamer, by_label},
     identity::WorkerKind,
     registry::WorkerRecord,
     stats::{WorkerStats, totals},
@@ -162,6 +162,28 @@ pub struct SummaryEndpoint {
     /// Thread-seconds its sockets' calls slept before they returned (null without the
     /// delays programs).
     pub wait_seconds: Option<f64>,
+}
+
+/// Endpoints by label, busiest first, as summaries show them; `None` where not measured.
+pub fn summary_endpoints(
+    namer: &EndpointNamer,
+    endpoints: &[EndpointDelta],
+    measured: Measured,
+) -> Option<Vec<SummaryEndpoint>> {
+    measured.endpoints.then(|| {
+        by_label(namer, endpoints)
+            .into_iter()
+            .map(|endpoint| SummaryEndpoint {
+                named: endpoint.group.is_some(),
+                endpoint: endpoint.label,
+                sent_bytes: endpoint.stats.sent_bytes,
+                received_bytes: endpoint.stats.received_bytes,
+                sent_calls: endpoint.stats.sent_calls,
+                received_calls: endpoint.stats.received_calls,
+                wait_seconds: measured.delays.then(|| seconds(endpoint.stats.wait_ns)),
+            })
+            .collect()
+    })
 }
 
 /// Socket payload over the worker's life.
@@ -354,20 +376,7 @@ impl ExitSummary {
                         .collect()
                 }),
             }),
-            endpoints: measured.endpoints.then(|| {
-                by_label(namer, &stats.endpoints)
-                    .into_iter()
-                    .map(|endpoint| SummaryEndpoint {
-                        named: endpoint.group.is_some(),
-                        endpoint: endpoint.label,
-                        sent_bytes: endpoint.stats.sent_bytes,
-                        received_bytes: endpoint.stats.received_bytes,
-                        sent_calls: endpoint.stats.sent_calls,
-                        received_calls: endpoint.stats.received_calls,
-                        wait_seconds: measured.delays.then(|| seconds(endpoint.stats.wait_ns)),
-                    })
-                    .collect()
-            }),
+            endpoints: summary_endpoints(namer, &stats.endpoints, measured),
             net: measured.net.then(|| SummaryNet {
                 sent_bytes: stats.sent_bytes(),
                 received_bytes: stats.received_bytes(),

@@ -5,18 +5,21 @@ use serde_json::{Value, json};
 
 use crate::model::{
     Measured,
+    endpoints::EndpointNamer,
     process::{ProcessCounters, ProcessSummary, TreeSummary},
-    summary::Moment,
+    summary::{Moment, summary_endpoints},
 };
 use probe_common::wait::WAIT_NAMES;
 
 /// One ended process as a JSON object (`type: process_exit`). `path` is its cgroup's;
-/// what was not `measured` (socket bytes, wait reasons) is null.
+/// what was not `measured` (socket bytes, wait reasons, endpoints) is null; endpoints are
+/// named by `namer`.
 pub fn process_json(
     summary: &ProcessSummary,
     path: Option<&str>,
     boot_offset_ns: i128,
     measured: Measured,
+    namer: &EndpointNamer,
 ) -> Value {
     json!({
         "type": "process_exit",
@@ -34,12 +37,18 @@ pub fn process_json(
         "end_rss_bytes": end_rss(summary, measured),
         "counters": counters_json(&summary.counters, measured),
         "cpu_ns_per_cpu": summary.cpu_ns_per_cpu,
+        "endpoints": summary_endpoints(namer, &summary.endpoints, measured),
         "tree": summary.tree,
     })
 }
 
 /// One named tree that ended (`type: process_tree_exit`).
-pub fn tree_json(tree: &TreeSummary, boot_offset_ns: i128, measured: Measured) -> Value {
+pub fn tree_json(
+    tree: &TreeSummary,
+    boot_offset_ns: i128,
+    measured: Measured,
+    namer: &EndpointNamer,
+) -> Value {
     json!({
         "type": "process_tree_exit",
         "rule": tree.label.rule,
@@ -53,6 +62,7 @@ pub fn tree_json(tree: &TreeSummary, boot_offset_ns: i128, measured: Measured) -
         "peak_rss_bytes": tree.peak_rss_bytes,
         "counters": counters_json(&tree.counters, measured),
         "cpu_ns_per_cpu": tree.cpu_ns_per_cpu,
+        "endpoints": summary_endpoints(namer, &tree.endpoints, measured),
     })
 }
 
