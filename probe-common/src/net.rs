@@ -108,19 +108,18 @@ pub const DEFAULT_MAX_ENDPOINTS: u32 = 65_536;
 /// [`EndpointKey::family`] of a worker's entry for the endpoints beyond its bound.
 pub const ENDPOINT_OTHER: u16 = 0xffff;
 
-/// [`EndpointKey::owner`] of a worker's (cgroup's) entry.
-pub const ENDPOINT_OF_WORKER: u32 = 0;
-/// [`EndpointKey::owner`] of a process's entry (process workers, `watch --processes`).
-pub const ENDPOINT_OF_PROCESS: u32 = 1;
-/// Set in an `ENDPOINT_COUNTS` key that counts a process's endpoints (pid in the low bits),
-/// apart from the cgroups'.
-pub const PROCESS_ENDPOINT_COUNT: u64 = 1 << 63;
+/// Name of the per-CPU hash map of process workers' endpoints: (pid, remote endpoint) →
+/// [`EndpointStats`], kept apart from the cgroups' so that processes never crowd out
+/// workers' entries; user space frees each process's at its end.
+pub const PROCESS_ENDPOINTS_MAP: &str = "PROCESS_ENDPOINTS";
+/// Name of the hash map counting each process's endpoints (`u64` pid → `u64`).
+pub const PROCESS_ENDPOINT_COUNTS_MAP: &str = "PROCESS_ENDPOINT_COUNTS";
 
 /// A worker's remote endpoint: the socket's peer as the kernel holds it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EndpointKey {
-    /// cgroup v2 id of the worker, or the process id of a process's entry.
+    /// cgroup v2 id of the worker (the process id in `PROCESS_ENDPOINTS`).
     pub cgroup_id: u64,
     /// Peer address: IPv4 in the first 4 bytes, IPv6 in all 16, zeros for unix sockets and
     /// unconnected ones.
@@ -129,8 +128,8 @@ pub struct EndpointKey {
     pub port: u16,
     /// Address family (`AF_INET`, `AF_INET6`, `AF_UNIX`, …), or [`ENDPOINT_OTHER`].
     pub family: u16,
-    /// Whose entry: [`ENDPOINT_OF_WORKER`] or [`ENDPOINT_OF_PROCESS`].
-    pub owner: u32,
+    /// Keeps the size a multiple of 8 with no implicit padding.
+    pub reserved: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 32);

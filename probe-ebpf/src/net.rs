@@ -28,9 +28,8 @@ use probe_common::{
     DEFAULT_MAX_WORKERS,
     drops::{DROP_ENDPOINT_OVERFLOW, DROP_ENDPOINTS, DROP_NET_STATS},
     net::{
-        AF_INET, AF_INET6, DEFAULT_ENDPOINTS_PER_WORKER, DEFAULT_MAX_ENDPOINTS,
-        ENDPOINT_OF_PROCESS, ENDPOINT_OF_WORKER, ENDPOINT_OTHER, EndpointKey, EndpointStats,
-        MSG_PEEK, NetStats, PROCESS_ENDPOINT_COUNT, family_slot,
+        AF_INET, AF_INET6, DEFAULT_ENDPOINTS_PER_WORKER, DEFAULT_MAX_ENDPOINTS, ENDPOINT_OTHER,
+        EndpointKey, EndpointStats, MSG_PEEK, NetStats, family_slot,
     },
 };
 
@@ -54,6 +53,19 @@ static ENDPOINTS: PerCpuHashMap<EndpointKey, EndpointStats> =
 #[map]
 static ENDPOINT_COUNTS: HashMap<u64, u64> =
     HashMap::with_max_entries(DEFAULT_MAX_WORKERS, BPF_F_NO_PREALLOC);
+
+/// (pid, peer) → what the process did with that peer on this CPU (`--processes` with
+/// endpoints); apart from the cgroups', so processes never crowd workers out.
+#[map]
+static PROCESS_ENDPOINTS: PerCpuHashMap<EndpointKey, EndpointStats> =
+    PerCpuHashMap::with_max_entries(DEFAULT_MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
+
+/// pid → how many endpoints it has in `PROCESS_ENDPOINTS`.
+#[map]
+static PROCESS_ENDPOINT_COUNTS: HashMap<u64, u64> = HashMap::with_max_entries(
+    probe_common::process::PROCESS_CPU_ENTRIES,
+    BPF_F_NO_PREALLOC,
+);
 
 /// 1 when per-endpoint figures are kept; read-only, so the verifier drops the endpoint code
 /// from the programs when it is 0.
@@ -302,11 +314,11 @@ fn account_endpoint(
         wait_ns,
         waits,
     };
-    let mut key = peer_key(sock, task::cgroup_id(current), ENDPOINT_OF_WORKER);
-    add_to_endpoint(&mut key, &call);
+    let mut key = peer_key(sock, task::cgroup_id(current));
+    add_to_endpoint::<false>(&mut key, &call);
     if crate::process::on() {
-        let mut key = peer_key(sock, u64::from(task::tgid(current)), ENDPOINT_OF_PROCESS);
-        add_to_endpoint(&mut key, &call);
+        let mut key = peer_key(sock, u64::from(task::tgid(current)));
+        add_to_endpoint::<true>(&mut key, &call);
     }
 }
 
@@ -318,16 +330,16 @@ struct EndpointCall {
     waits: u64,
 }
 
-/// The key of the socket's peer in the entries of `owner` (a cgroup id, or a pid).
+/// The key of the socket's peer in the entries of `owner_id` (a cgroup id, or a pid).
 #[inline(always)]
-fn peer_key(sock: *const u8, owner_id: u64, owner: u32) -> EndpointKey {
+fn peer_key(sock: *const u8, owner_id: u64) -> EndpointKey {
     let family = family_of(sock);
     let mut key = EndpointKey {
         cgroup_id: owner_id,
         addr: [0; 16],
         port: 0,
         family,
-        owner,
+        reserved: 0,
     };
     // SAFETY: BTF-checked loads from the socket pointer at offsets from BTF.
     unsafe {
@@ -350,12 +362,23 @@ fn peer_key(sock: *const u8, owner_id: u64, owner: u32) -> EndpointKey {
     key
 }
 
-/// Adds a call to the entry of `key` (made on first use, within its owner's bound).
+/// The endpoint map of workers, or with `PROCESS` of processes.
+#[inline(always)]
+fn endpoints<const PROCESS: bool>() -> &'static PerCpuHashMap<EndpointKey, EndpointStats> {
+    if PROCESS {
+        &PROCESS_ENDPOINTS
+    } else {
+        &ENDPOINTS
+    }
+}
+
+/// Adds a call to the entry of `key` (made on first use, within its owner's bound), in the
+/// workers' map or with `PROCESS` the processes'.
 #[inline(never)]
-fn add_to_endpoint(key: &mut EndpointKey, call: &EndpointCall) {
-    let stats = match ENDPOINTS.get_ptr_mut(*key) {
+fn add_to_endpoint<const PROCESS: bool>(key: &mut EndpointKey, call: &EndpointCall) {
+    let stats = match endpoints::<PROCESS>().get_ptr_mut(*key) {
         Some(stats) => stats,
-        None => match first_use(key) {
+        None => match first_use::<PROCESS>(key) {
             Some(stats) => stats,
             None => {
                 count_drop(DROP_ENDPOINTS);
@@ -389,19 +412,20 @@ fn claim_network_wait(state: &mut task::TaskState, current: task::Task) -> (u64,
     if same_call { claimed } else { (0, 0) }
 }
 
-/// Rare path: a worker's (or process's) first call with a peer since load. Counts its
-/// endpoints; past its bound the call goes to its `other` entry instead.
+/// Rare path: a worker's (or with `PROCESS` a process's) first call with a peer since load.
+/// Counts its endpoints; past its bound the call goes to its `other` entry instead.
 #[inline(never)]
-fn first_use(key: &mut EndpointKey) -> Option<*mut EndpointStats> {
-    let counted = if key.owner == ENDPOINT_OF_PROCESS {
-        PROCESS_ENDPOINT_COUNT | key.cgroup_id
+fn first_use<const PROCESS: bool>(key: &mut EndpointKey) -> Option<*mut EndpointStats> {
+    let owner_id = key.cgroup_id;
+    let counts = if PROCESS {
+        &PROCESS_ENDPOINT_COUNTS
     } else {
-        key.cgroup_id
+        &ENDPOINT_COUNTS
     };
-    if ENDPOINT_COUNTS.get_ptr_mut(counted).is_none() {
-        let _ = ENDPOINT_COUNTS.insert(counted, 0u64, BPF_NOEXIST);
+    if counts.get_ptr_mut(owner_id).is_none() {
+        let _ = counts.insert(owner_id, 0u64, BPF_NOEXIST);
     }
-    let count = ENDPOINT_COUNTS.get_ptr_mut(counted)?;
+    let count = counts.get_ptr_mut(owner_id)?;
     // SAFETY: a shared value; racing CPUs may let a worker pass its bound by one or two.
     if unsafe { core::ptr::read_volatile(count) } >= u64::from(ENDPOINTS_PER_WORKER.load()) {
         // Every call beyond the bound is counted, and charged to the worker's `other` peer.
@@ -409,7 +433,7 @@ fn first_use(key: &mut EndpointKey) -> Option<*mut EndpointStats> {
         key.addr = [0; 16];
         key.port = 0;
         key.family = ENDPOINT_OTHER;
-        if let Some(stats) = ENDPOINTS.get_ptr_mut(*key) {
+        if let Some(stats) = endpoints::<PROCESS>().get_ptr_mut(*key) {
             return Some(stats);
         }
     } else {
@@ -419,8 +443,8 @@ fn first_use(key: &mut EndpointKey) -> Option<*mut EndpointStats> {
     }
     // By reference: no copy on the stack.
     #[allow(clippy::needless_borrows_for_generic_args)]
-    let _ = ENDPOINTS.insert(&*key, &ZERO_ENDPOINT, BPF_NOEXIST);
-    ENDPOINTS.get_ptr_mut(*key)
+    let _ = endpoints::<PROCESS>().insert(&*key, &ZERO_ENDPOINT, BPF_NOEXIST);
+    endpoints::<PROCESS>().get_ptr_mut(*key)
 }
 
 /// All-zero socket counters (a new worker's entry, and part of a zeroed slot).

@@ -14,8 +14,8 @@ use probe_common::{
     lifecycle::EVENTS_MAP,
     memory::PROCESS_PEAKS_MAP,
     net::{
-        ENDPOINT_COUNTS_MAP, ENDPOINT_OF_PROCESS, ENDPOINT_OF_WORKER, ENDPOINTS_MAP, EndpointKey,
-        EndpointStats, NET_STATS_MAP, NetStats, PROCESS_ENDPOINT_COUNT,
+        ENDPOINT_COUNTS_MAP, ENDPOINTS_MAP, EndpointKey, EndpointStats, NET_STATS_MAP, NetStats,
+        PROCESS_ENDPOINT_COUNTS_MAP, PROCESS_ENDPOINTS_MAP,
     },
     process::{PROCESS_CPU_MAP, PROCESS_EVENTS_MAP, PROCESS_NET_MAP, ProcessBytes},
 };
@@ -62,6 +62,12 @@ struct RunningSlice {
     path: String,
 }
 
+/// Process workers' endpoint map and the map counting each process's endpoints.
+type ProcessEndpointMaps = (
+    PerCpuHashMap<MapData, EndpointKey, EndpointStats>,
+    aya::maps::HashMap<MapData, u64, u64>,
+);
+
 /// Reads the maps of the loaded programs.
 pub struct KernelCollector {
     cpu_stats: PerCpuHashMap<MapData, u64, CpuStats>,
@@ -77,6 +83,8 @@ pub struct KernelCollector {
     /// endpoints do too, and the read (a scan of the map's every bucket) is skipped.
     endpoints_read_at_calls: std::collections::HashMap<u64, u64>,
     last_endpoints: Vec<EndpointDelta>,
+    /// Process workers' endpoints and their counts (absent from a pinned set).
+    process_endpoint_maps: Option<ProcessEndpointMaps>,
     /// Processes' endpoints by pid, from the read since the last `begin_process_takes`.
     process_endpoints: Option<std::collections::HashMap<u32, Vec<EndpointDelta>>>,
     drops: PerCpuArray<MapData, u64>,
@@ -161,6 +169,14 @@ impl KernelCollector {
         let process_net = take(PROCESS_NET_MAP)
             .ok()
             .and_then(|map| PerCpuHashMap::try_from(map).ok());
+        let process_endpoint_maps = take(PROCESS_ENDPOINTS_MAP)
+            .ok()
+            .and_then(|map| PerCpuHashMap::try_from(map).ok())
+            .zip(
+                take(PROCESS_ENDPOINT_COUNTS_MAP)
+                    .ok()
+                    .and_then(|map| aya::maps::HashMap::try_from(map).ok()),
+            );
         let process_peaks = PerCpuHashMap::try_from(take(PROCESS_PEAKS_MAP)?)
             .with_context(|| format!("map {PROCESS_PEAKS_MAP}"))?;
         let measured = probe.measured();
@@ -188,6 +204,7 @@ impl KernelCollector {
             endpoint_counts,
             endpoints_read_at_calls: std::collections::HashMap::new(),
             last_endpoints: Vec::new(),
+            process_endpoint_maps,
             process_endpoints: None,
             drops,
             cgroups,
@@ -253,10 +270,8 @@ impl Source for KernelCollector {
         if self.measured.endpoints {
             // Read after the calls: a call in between is in both by the next read.
             if calls != self.endpoints_read_at_calls {
-                // Processes' entries are taken at their ends (`take_process`).
                 self.last_endpoints = read_all(&self.endpoints, self.cpus)?
                     .into_iter()
-                    .filter(|(key, _)| key.owner == ENDPOINT_OF_WORKER)
                     .map(|(key, per_cpu)| sum_endpoint(key, &per_cpu))
                     .collect();
                 self.endpoints_read_at_calls = calls;
@@ -399,7 +414,7 @@ impl KernelCollector {
         if self.measured.endpoints {
             // Its endpoints are found by a read of the whole map: exits are rare beside ticks.
             for (key, per_cpu) in read_all(&self.endpoints, self.cpus).unwrap_or_default() {
-                if key.cgroup_id == cgroup_id && key.owner == ENDPOINT_OF_WORKER {
+                if key.cgroup_id == cgroup_id {
                     worker.endpoints.push(sum_endpoint(key, &per_cpu));
                     let _ = self.endpoints.remove(&key);
                 }
@@ -490,26 +505,26 @@ impl KernelCollector {
     }
 
     fn take_process_endpoints(&mut self, pid: u32) -> Vec<EndpointDelta> {
+        let Some((map, counts)) = self.process_endpoint_maps.as_mut() else {
+            return Vec::new();
+        };
+        let cpus = self.cpus;
         let by_pid = self.process_endpoints.get_or_insert_with(|| {
             let mut by_pid: std::collections::HashMap<u32, Vec<EndpointDelta>> =
                 std::collections::HashMap::new();
-            for (key, per_cpu) in read_all(&self.endpoints, self.cpus).unwrap_or_default() {
-                if key.owner == ENDPOINT_OF_PROCESS {
-                    by_pid
-                        .entry(key.cgroup_id as u32)
-                        .or_default()
-                        .push(sum_endpoint(key, &per_cpu));
-                }
+            for (key, per_cpu) in read_all(map, cpus).unwrap_or_default() {
+                by_pid
+                    .entry(key.cgroup_id as u32)
+                    .or_default()
+                    .push(sum_endpoint(key, &per_cpu));
             }
             by_pid
         });
         let endpoints = by_pid.remove(&pid).unwrap_or_default();
         for endpoint in &endpoints {
-            let _ = self.endpoints.remove(&endpoint.key);
+            let _ = map.remove(&endpoint.key);
         }
-        let _ = self
-            .endpoint_counts
-            .remove(&(PROCESS_ENDPOINT_COUNT | u64::from(pid)));
+        let _ = counts.remove(&u64::from(pid));
         endpoints
     }
 

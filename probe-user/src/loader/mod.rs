@@ -414,6 +414,22 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
             },
         )
         .map_max_entries(
+            probe_common::net::PROCESS_ENDPOINTS_MAP,
+            if options.processes {
+                options.max_endpoints
+            } else {
+                1
+            },
+        )
+        .map_max_entries(
+            probe_common::net::PROCESS_ENDPOINT_COUNTS_MAP,
+            if options.processes {
+                probe_common::process::PROCESS_CPU_ENTRIES
+            } else {
+                1
+            },
+        )
+        .map_max_entries(
             probe_common::process::PROCESS_EVENTS_MAP,
             if options.processes {
                 probe_common::process::PROCESS_EVENTS_BYTES

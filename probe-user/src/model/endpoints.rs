@@ -296,7 +296,7 @@ mod tests {
             addr,
             port,
             family: AF_INET,
-            owner: 0,
+            reserved: 0,
         }
     }
 

@@ -771,7 +771,6 @@ impl ProcessTracker {
                     .into_iter()
                     .map(|mut endpoint| {
                         endpoint.key.cgroup_id = 0;
-                        endpoint.key.owner = 0;
                         endpoint
                     })
                     .collect(),
@@ -1181,13 +1180,12 @@ mod tests {
             &no_command,
         );
         // Both processes talked to one peer; the child to another as well (keys as kept,
-        // owned by the pid).
+        // holding the pid).
         let peer = |pid: u32, port: u16, received_bytes: u64| EndpointDelta {
             key: probe_common::net::EndpointKey {
                 cgroup_id: u64::from(pid),
                 port,
                 family: probe_common::net::AF_INET,
-                owner: probe_common::net::ENDPOINT_OF_PROCESS,
                 ..Default::default()
             },
             stats: probe_common::net::EndpointStats {

@@ -285,7 +285,7 @@ mod tests {
             addr: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             port: 9000,
             family: 2,
-            owner: 0,
+            reserved: 0,
         };
         child.endpoints = vec![super::super::endpoints::EndpointDelta {
             key: peer,

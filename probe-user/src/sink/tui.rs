@@ -1111,7 +1111,7 @@ mod tests {
                     addr,
                     port: 5432,
                     family,
-                    owner: 0,
+                    reserved: 0,
                 },
                 stats: probe_common::net::EndpointStats {
                     sent_bytes,
