@@ -476,11 +476,14 @@ impl KernelCollector {
         if let Some(net) = self.process_net.as_mut() {
             let _ = net.remove(&pid);
         }
-        let endpoints = if moved_bytes && self.measured.endpoints {
-            self.take_process_endpoints(pid)
-        } else {
-            Vec::new()
-        };
+        // A process that moved no bytes (as its threads told) triggers no read, but takes what
+        // a read made for another found of it (a thread without state has untold bytes).
+        let endpoints =
+            if self.measured.endpoints && (moved_bytes || self.process_endpoints.is_some()) {
+                self.take_process_endpoints(pid)
+            } else {
+                Vec::new()
+            };
         let Some(map) = self.process_cpu.as_mut() else {
             return ProcessKept {
                 endpoints,
