@@ -189,7 +189,7 @@ impl KernelCollector {
             process_net,
             process_peaks,
             removed_memory_peaks: std::collections::BTreeMap::new(),
-            page_bytes: page_bytes(),
+            page_bytes: crate::memory::page_bytes(),
             pending_events: std::collections::VecDeque::new(),
             events_taken: false,
             last_switch,
@@ -749,13 +749,6 @@ fn add_per_cpu(sum: &mut Vec<CpuStats>, add: &[CpuStats]) {
     for (sum, add) in sum.iter_mut().zip(add) {
         sum.add(add);
     }
-}
-
-/// The kernel's page size, for the page counts the programs keep.
-fn page_bytes() -> u64 {
-    // SAFETY: sysconf reads a constant of the running system.
-    let bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(bytes).unwrap_or(4096)
 }
 
 fn sum_endpoint(key: EndpointKey, per_cpu: &[EndpointStats]) -> EndpointDelta {

@@ -25,8 +25,6 @@ pub struct MemoryReader {
     /// Each process's v1 memory cgroup as `/proc/PID/cgroup` said it, reused for
     /// [`MEMBERSHIP_FRESH`] (a process rarely moves).
     v1_membership: HashMap<u32, (Instant, Option<String>)>,
-    /// Bytes in a page, for statm's page counts.
-    page_bytes: u64,
     /// v1 memory cgroups' process lists, each read at most once per [`V1_PROCS_FRESH`]: many
     /// workers' processes often share one (a session's), and listing it per worker per tick
     /// cost the agent most of a core at 1,000 workers.
@@ -51,17 +49,10 @@ impl MemoryReader {
                 fs::read_to_string(mount.join("cgroup.controllers"))
                     .is_ok_and(|controllers| controllers.split_whitespace().any(|c| c == "memory"))
             });
-        // SAFETY: sysconf has no preconditions.
-        let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         Self {
             v1_memory_mount,
             v2_memory,
             v1_membership: HashMap::new(),
-            page_bytes: if page_size > 0 {
-                page_size as u64
-            } else {
-                4096
-            },
             v1_procs: HashMap::new(),
         }
     }
@@ -186,7 +177,7 @@ impl MemoryReader {
         pids.iter()
             .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/statm")).ok())
             .filter_map(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .map(|pages| pages * self.page_bytes)
+            .map(|pages| pages * page_bytes())
             .sum()
     }
 }
@@ -204,6 +195,13 @@ pub fn read_v1_dir(dir: &Path) -> Option<MemoryReading> {
         peak_bytes: read_u64(&dir.join("memory.max_usage_in_bytes"))?,
         source: MemorySource::Cgroup1,
     })
+}
+
+/// Bytes in a page of this system, for the kernel's page counts.
+pub fn page_bytes() -> u64 {
+    // SAFETY: sysconf reads a constant of the running system.
+    let bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(bytes).ok().filter(|&b| b > 0).unwrap_or(4096)
 }
 
 fn read_u64(path: &Path) -> Option<u64> {

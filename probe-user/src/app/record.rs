@@ -18,17 +18,14 @@ use crate::{
     clock::Timestamp,
     model::{
         self, Measured, MemoryReading, Sample,
-        endpoints::{EndpointNamer, by_label},
+        endpoints::{EndpointNamer, figures},
         selection::Selection,
         summary::ExitSummary,
     },
     node::NodeFacts,
     recording::{
         FORMAT, RecordingWriter, SCHEMA_VERSION,
-        line::{
-            CLOCK_EVERY_SECONDS, ClockLine, EndpointLine, ExitOut, HeaderLine, Line, TickContext,
-            TickLine,
-        },
+        line::{CLOCK_EVERY_SECONDS, ClockLine, ExitOut, HeaderLine, Line, TickContext, TickLine},
     },
 };
 
@@ -202,23 +199,7 @@ fn encode_tick(
                 ..reading
             })
         });
-        let endpoints = interval.measured.endpoints.then(|| {
-            by_label(namer, &stats.endpoints)
-                .into_iter()
-                .map(|endpoint| EndpointLine {
-                    named: endpoint.group.is_some(),
-                    endpoint: endpoint.label,
-                    sent_bytes: endpoint.stats.sent_bytes,
-                    received_bytes: endpoint.stats.received_bytes,
-                    sent_calls: endpoint.stats.sent_calls,
-                    received_calls: endpoint.stats.received_calls,
-                    wait_seconds: interval
-                        .measured
-                        .delays
-                        .then(|| endpoint.stats.wait_ns as f64 / 1e9),
-                })
-                .collect()
-        });
+        let endpoints = figures(namer, &stats.endpoints, interval.measured);
         let line = TickLine::new(&context, stats, counters, path, identity, memory, endpoints);
         serde_json::to_writer(&mut lines, &Line::Tick(Box::new(line)))
             .context("encoding a tick line")?;

@@ -17,10 +17,7 @@ use crate::{
         at::{find_tick, parse_at},
         read_recording,
     },
-    sink::{
-        json::{EndpointDocument, SnapshotDocument},
-        table,
-    },
+    sink::{json::SnapshotDocument, table},
 };
 
 /// Rows per table, as `top` shows by default.
@@ -94,20 +91,7 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
                     .workers
                     .iter()
                     .find(|l| l.cgroup_id == worker.cgroup_id);
-                worker.endpoints = line.and_then(|line| line.endpoints.as_ref()).map(|lines| {
-                    lines
-                        .iter()
-                        .map(|l| EndpointDocument {
-                            endpoint: l.endpoint.clone(),
-                            named: l.named,
-                            sent_bytes: l.sent_bytes,
-                            received_bytes: l.received_bytes,
-                            sent_calls: l.sent_calls,
-                            received_calls: l.received_calls,
-                            wait_seconds: l.wait_seconds,
-                        })
-                        .collect()
-                });
+                worker.endpoints = line.and_then(|line| line.endpoints.clone());
             }
             serde_json::to_string(&document).context("encoding a tick as JSON")? + "\n"
         } else {

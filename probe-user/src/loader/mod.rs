@@ -326,6 +326,9 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         .unwrap_or_else(|| probe_common::cpu::fast_slots(possible_cpus, options.max_workers));
     let processes_on = u32::from(options.processes);
     let process_offsets = process.values();
+    let for_processes = |size: u32, smallest: u32| {
+        if options.processes { size } else { smallest }
+    };
     let mut loader = EbpfLoader::new();
     for (name, offset) in PROCESS_OFFSET_GLOBALS.iter().zip(&process_offsets) {
         loader.override_global(name, offset, true);
@@ -395,47 +398,27 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         )
         .override_global(MEMCG_WATERMARK_OFFSET_GLOBAL, &memory.memcg_watermark, true)
         .map_max_entries(probe_common::memory::PROCESS_PEAKS_MAP, options.max_workers)
-        // The process workers' ring costs kernel memory whole: at its smallest unless asked
-        // for.
+        // The process workers' maps: at their smallest unless asked for (the ring costs
+        // kernel memory whole).
         .map_max_entries(
             probe_common::process::PROCESS_CPU_MAP,
-            if options.processes {
-                probe_common::process::PROCESS_CPU_ENTRIES
-            } else {
-                1
-            },
+            for_processes(probe_common::process::PROCESS_CPU_ENTRIES, 1),
         )
         .map_max_entries(
             probe_common::process::PROCESS_NET_MAP,
-            if options.processes {
-                probe_common::process::PROCESS_CPU_ENTRIES
-            } else {
-                1
-            },
+            for_processes(probe_common::process::PROCESS_CPU_ENTRIES, 1),
         )
         .map_max_entries(
             probe_common::net::PROCESS_ENDPOINTS_MAP,
-            if options.processes {
-                options.max_endpoints
-            } else {
-                1
-            },
+            for_processes(options.max_endpoints, 1),
         )
         .map_max_entries(
             probe_common::net::PROCESS_ENDPOINT_COUNTS_MAP,
-            if options.processes {
-                probe_common::process::PROCESS_CPU_ENTRIES
-            } else {
-                1
-            },
+            for_processes(probe_common::process::PROCESS_CPU_ENTRIES, 1),
         )
         .map_max_entries(
             probe_common::process::PROCESS_EVENTS_MAP,
-            if options.processes {
-                probe_common::process::PROCESS_EVENTS_BYTES
-            } else {
-                4096
-            },
+            for_processes(probe_common::process::PROCESS_EVENTS_BYTES, 4096),
         )
         .map_max_entries(probe_common::cpu::CPU_STATS_MAP, options.max_workers)
         // A map cannot be empty: with no slots asked for, one that is never free.

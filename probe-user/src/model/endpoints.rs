@@ -5,6 +5,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use probe_common::net::{AF_INET, AF_INET6, AF_UNIX, ENDPOINT_OTHER, EndpointKey, EndpointStats};
+use serde::{Deserialize, Serialize};
+
+use super::Measured;
 
 /// One `--endpoint` rule: a name for the peers in a network, on a port, or both.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -259,6 +262,50 @@ pub fn by_label(namer: &EndpointNamer, endpoints: &[EndpointDelta]) -> Vec<Named
             .then(a.label.cmp(&b.label))
     });
     named
+}
+
+/// One remote endpoint (or group) of a worker or process as every output shows it: exit
+/// summaries, snapshots, recordings and process exits.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndpointFigures {
+    /// The group's name (`--endpoint`, `local`, `other`, `unconnected`), else `ip:port`.
+    pub endpoint: String,
+    /// Whether a group names it (false: a raw address).
+    pub named: bool,
+    /// Payload bytes sent to it.
+    pub sent_bytes: u64,
+    /// Payload bytes received from it.
+    pub received_bytes: u64,
+    /// Send calls.
+    pub sent_calls: u64,
+    /// Receive calls.
+    pub received_calls: u64,
+    /// Thread-seconds its sockets' calls slept before they returned (null without the
+    /// delays programs).
+    pub wait_seconds: Option<f64>,
+}
+
+/// `endpoints` by label, busiest first, as outputs show them; `None` where endpoints were
+/// not measured.
+pub fn figures(
+    namer: &EndpointNamer,
+    endpoints: &[EndpointDelta],
+    measured: Measured,
+) -> Option<Vec<EndpointFigures>> {
+    measured.endpoints.then(|| {
+        by_label(namer, endpoints)
+            .into_iter()
+            .map(|endpoint| EndpointFigures {
+                named: endpoint.group.is_some(),
+                endpoint: endpoint.label,
+                sent_bytes: endpoint.stats.sent_bytes,
+                received_bytes: endpoint.stats.received_bytes,
+                sent_calls: endpoint.stats.sent_calls,
+                received_calls: endpoint.stats.received_calls,
+                wait_seconds: measured.delays.then(|| endpoint.stats.wait_ns as f64 / 1e9),
+            })
+            .collect()
+    })
 }
 
 /// `sum += add`, field by field.

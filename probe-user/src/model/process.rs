@@ -336,7 +336,7 @@ pub struct ProcessSummary {
     /// Its CPU time on each CPU, ns: the switch programs' per-CPU slices, scaled to add up
     /// to `counters.cpu_ns` (empty when none were kept).
     pub cpu_ns_per_cpu: Vec<u64>,
-    /// What it did with each socket peer (keys without owner; empty where not measured).
+    /// What it did with each socket peer (keys without its pid; empty where not measured).
     #[serde(skip)]
     pub endpoints: Vec<EndpointDelta>,
     /// The named tree it belongs to.

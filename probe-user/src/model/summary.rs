@@ -9,7 +9,7 @@ use probe_common::wait::WAIT_NAMES;
 
 use super::{
     ExitMemoryPeaks, Measured, MemoryReading, MemorySource, WorkerCounters,
-    endpoints::{EndpointDelta, EndpointNamer, by_label},
+    endpoints::{EndpointFigures, EndpointNamer, figures},
     identity::WorkerKind,
     registry::WorkerRecord,
     stats::{WorkerStats, totals},
@@ -84,7 +84,7 @@ pub struct ExitSummary {
     /// Socket payload; null when not measured.
     pub net: Option<SummaryNet>,
     /// Per remote endpoint, busiest first; null when not measured.
-    pub endpoints: Option<Vec<SummaryEndpoint>>,
+    pub endpoints: Option<Vec<EndpointFigures>>,
     /// Memory, when a source had it.
     pub memory: Option<SummaryMemory>,
     /// Context switches.
@@ -142,48 +142,6 @@ pub struct SummaryWait {
     pub seconds: f64,
     /// Sleeps.
     pub count: u64,
-}
-
-/// One remote endpoint (or endpoint group) over the worker's life.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct SummaryEndpoint {
-    /// The group's name (`--endpoint`, `local`, `other`, `unconnected`), else `ip:port`.
-    pub endpoint: String,
-    /// Whether a group names it (false: a raw address).
-    pub named: bool,
-    /// Payload bytes sent to it.
-    pub sent_bytes: u64,
-    /// Payload bytes received from it.
-    pub received_bytes: u64,
-    /// Send calls.
-    pub sent_calls: u64,
-    /// Receive calls.
-    pub received_calls: u64,
-    /// Thread-seconds its sockets' calls slept before they returned (null without the
-    /// delays programs).
-    pub wait_seconds: Option<f64>,
-}
-
-/// Endpoints by label, busiest first, as summaries show them; `None` where not measured.
-pub fn summary_endpoints(
-    namer: &EndpointNamer,
-    endpoints: &[EndpointDelta],
-    measured: Measured,
-) -> Option<Vec<SummaryEndpoint>> {
-    measured.endpoints.then(|| {
-        by_label(namer, endpoints)
-            .into_iter()
-            .map(|endpoint| SummaryEndpoint {
-                named: endpoint.group.is_some(),
-                endpoint: endpoint.label,
-                sent_bytes: endpoint.stats.sent_bytes,
-                received_bytes: endpoint.stats.received_bytes,
-                sent_calls: endpoint.stats.sent_calls,
-                received_calls: endpoint.stats.received_calls,
-                wait_seconds: measured.delays.then(|| seconds(endpoint.stats.wait_ns)),
-            })
-            .collect()
-    })
 }
 
 /// Socket payload over the worker's life.
@@ -376,7 +334,7 @@ impl ExitSummary {
                         .collect()
                 }),
             }),
-            endpoints: summary_endpoints(namer, &stats.endpoints, measured),
+            endpoints: figures(namer, &stats.endpoints, measured),
             net: measured.net.then(|| SummaryNet {
                 sent_bytes: stats.sent_bytes(),
                 received_bytes: stats.received_bytes(),

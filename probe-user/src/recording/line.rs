@@ -21,6 +21,7 @@ use crate::{
     clock::{Timestamp, rfc3339_from_unix_ns},
     model::{
         CpuStatUsec, Drops, Measured, MemoryReading, WorkerCounters, WorkerStats,
+        endpoints::EndpointFigures,
         identity::{Identity, WorkerKind, identify},
         summary::ExitSummary,
     },
@@ -174,7 +175,7 @@ pub struct TickLine {
     /// Per remote endpoint in the interval, busiest first (named as the recorder's
     /// `--endpoint` rules named them); omitted when endpoints were not measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoints: Option<Vec<EndpointLine>>,
+    pub endpoints: Option<Vec<EndpointFigures>>,
     /// Memory at the end of the interval; null when no source had it.
     pub memory: Option<MemoryReading>,
     /// Cumulative counters since the run began (raw, exact): replay's source of truth.
@@ -246,25 +247,6 @@ pub struct WaitLine {
     pub seconds: f64,
     /// Sleeps.
     pub count: u64,
-}
-
-/// One remote endpoint (or group) of a worker in one interval.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct EndpointLine {
-    /// The group's name (`--endpoint`, `local`, `other`, `unconnected`), else `ip:port`.
-    pub endpoint: String,
-    /// Whether a group names it.
-    pub named: bool,
-    /// Payload bytes sent to it.
-    pub sent_bytes: u64,
-    /// Payload bytes received from it.
-    pub received_bytes: u64,
-    /// Send calls.
-    pub sent_calls: u64,
-    /// Receive calls.
-    pub received_calls: u64,
-    /// Thread-seconds its sockets' calls slept; null without the delays programs.
-    pub wait_seconds: Option<f64>,
 }
 
 /// Socket payload of a worker in one interval.
@@ -447,7 +429,7 @@ impl TickLine {
         path: Option<String>,
         identity: Option<&Identity>,
         memory: Option<MemoryReading>,
-        endpoints: Option<Vec<EndpointLine>>,
+        endpoints: Option<Vec<EndpointFigures>>,
     ) -> Self {
         let identity = stats
             .identity

@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::{
     model::{
         FamilyTotals, Interval, Measured, MemoryReading, WorkerStats,
-        endpoints::{EndpointNamer, by_label},
+        endpoints::{EndpointFigures, EndpointNamer, figures},
         families_with_calls,
         identity::WorkerKind,
     },
@@ -84,7 +84,7 @@ pub struct WorkerDocument {
     /// Socket traffic; null when not measured.
     pub net: Option<NetDocument>,
     /// Per remote endpoint, busiest first; null when not measured.
-    pub endpoints: Option<Vec<EndpointDocument>>,
+    pub endpoints: Option<Vec<EndpointFigures>>,
     /// Memory at the end of the window (`current_bytes`, `peak_bytes`, `source`), as a
     /// recording's tick line has it; null when no source had it.
     pub memory: Option<MemoryReading>,
@@ -153,25 +153,6 @@ pub struct WaitDocument {
     pub count: u64,
     /// seconds / window.
     pub share: f64,
-}
-
-/// One remote endpoint (or group) of a worker in a window.
-#[derive(Debug, Serialize)]
-pub struct EndpointDocument {
-    /// The group's name (`--endpoint`, `local`, `other`, `unconnected`), else `ip:port`.
-    pub endpoint: String,
-    /// Whether a group names it.
-    pub named: bool,
-    /// Payload bytes sent to it.
-    pub sent_bytes: u64,
-    /// Payload bytes received from it.
-    pub received_bytes: u64,
-    /// Send calls.
-    pub sent_calls: u64,
-    /// Receive calls.
-    pub received_calls: u64,
-    /// Thread-seconds its sockets' calls slept; null without the delays programs.
-    pub wait_seconds: Option<f64>,
 }
 
 impl TimeDocument {
@@ -274,32 +255,10 @@ impl WorkerDocument {
                 received_bytes_per_second: worker.received_bytes_per_second(),
                 families,
             }),
-            endpoints: measured
-                .endpoints
-                .then(|| endpoint_documents(worker, measured, namer)),
+            endpoints: figures(namer, &worker.endpoints, measured),
             memory: worker.memory,
         }
     }
-}
-
-/// A worker's endpoints in a window, by label, busiest first.
-pub fn endpoint_documents(
-    worker: &WorkerStats,
-    measured: Measured,
-    namer: &EndpointNamer,
-) -> Vec<EndpointDocument> {
-    by_label(namer, &worker.endpoints)
-        .into_iter()
-        .map(|endpoint| EndpointDocument {
-            named: endpoint.group.is_some(),
-            endpoint: endpoint.label,
-            sent_bytes: endpoint.stats.sent_bytes,
-            received_bytes: endpoint.stats.received_bytes,
-            sent_calls: endpoint.stats.sent_calls,
-            received_calls: endpoint.stats.received_calls,
-            wait_seconds: measured.delays.then(|| seconds(endpoint.stats.wait_ns)),
-        })
-        .collect()
 }
 
 impl SnapshotDocument {

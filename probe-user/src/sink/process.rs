@@ -5,9 +5,9 @@ use serde_json::{Value, json};
 
 use crate::model::{
     Measured,
-    endpoints::EndpointNamer,
+    endpoints::{EndpointNamer, figures},
     process::{ProcessCounters, ProcessSummary, TreeSummary},
-    summary::{Moment, summary_endpoints},
+    summary::Moment,
 };
 use probe_common::wait::WAIT_NAMES;
 
@@ -37,7 +37,7 @@ pub fn process_json(
         "end_rss_bytes": end_rss(summary, measured),
         "counters": counters_json(&summary.counters, measured),
         "cpu_ns_per_cpu": summary.cpu_ns_per_cpu,
-        "endpoints": summary_endpoints(namer, &summary.endpoints, measured),
+        "endpoints": figures(namer, &summary.endpoints, measured),
         "tree": summary.tree,
     })
 }
@@ -62,7 +62,7 @@ pub fn tree_json(
         "peak_rss_bytes": tree.peak_rss_bytes,
         "counters": counters_json(&tree.counters, measured),
         "cpu_ns_per_cpu": tree.cpu_ns_per_cpu,
-        "endpoints": summary_endpoints(namer, &tree.endpoints, measured),
+        "endpoints": figures(namer, &tree.endpoints, measured),
     })
 }
 
