@@ -473,9 +473,12 @@ pub fn spawn_in_cgroups(
 
 /// The processes in a cgroup (`cgroup.procs`); none when it cannot be read.
 pub fn procs(dir: &Path) -> Vec<u32> {
-    fs::read_to_string(dir.join("cgroup.procs"))
-        .unwrap_or_default()
-        .lines()
+    parse_procs(&fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default())
+}
+
+/// The pids of a `cgroup.procs` text.
+pub fn parse_procs(text: &str) -> Vec<u32> {
+    text.lines()
         .filter_map(|line| line.trim().parse().ok())
         .collect()
 }

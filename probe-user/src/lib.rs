@@ -23,6 +23,7 @@ mod collect_batch;
 mod collect_events;
 mod collect_slots;
 pub mod error;
+pub mod kept_files;
 pub mod loader;
 pub mod memory;
 pub mod model;

@@ -1,10 +1,11 @@
 //! Memory of a worker, from the best source the host has: cgroup v2 `memory.current` /
-//! `memory.peak` (before 5.19, `memory.current` sampled); on hybrid hosts the v1 memory cgroup of the worker's processes, when it
-//! holds only them; failing both, the summed RSS of its processes (/proc/PID/statm).
+//! `memory.peak` (before 5.19, `memory.current` sampled); on hybrid hosts the v1 memory
+//! cgroup of the worker's processes, when it holds only them; failing both, the summed RSS of its processes (/proc/PID/statm).
 //!
-//! Read every interval for every active worker, so each source costs as few file opens as
-//! it can: at 1,000 workers on a hybrid host, six opens per worker per second were most of
-//! the agent's CPU.
+//! Read every interval for every active worker, so each source costs as little as it can:
+//! no lookups of files a host cannot have, memberships and shared lists reused for a while,
+//! and the files read every interval kept open ([`KeptFiles`]). At 1,000 workers on a hybrid
+//! host, six opens per worker per second were most of the agent's CPU.
 
 use std::{
     collections::HashMap,
@@ -13,7 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::model::{Interval, MemoryReading, MemorySource};
+use crate::{
+    kept_files::KeptFiles,
+    model::{Interval, MemoryReading, MemorySource},
+};
 
 /// Reads workers' memory.
 pub struct MemoryReader {
@@ -29,6 +33,8 @@ pub struct MemoryReader {
     /// workers' processes often share one (a session's), and listing it per worker per tick
     /// cost the agent most of a core at 1,000 workers.
     v1_procs: std::collections::HashMap<PathBuf, (std::time::Instant, std::sync::Arc<Vec<u32>>)>,
+    /// The files read every interval, kept open.
+    files: KeptFiles,
 }
 
 /// How long a v1 memory cgroup's process list is reused.
@@ -54,6 +60,7 @@ impl MemoryReader {
             v2_memory,
             v1_membership: HashMap::new(),
             v1_procs: HashMap::new(),
+            files: KeptFiles::new(),
         }
     }
 
@@ -66,9 +73,9 @@ impl MemoryReader {
     /// processes and no cgroup2 memory files.
     pub fn read(&mut self, dir: &Path) -> Option<MemoryReading> {
         if self.v2_memory
-            && let Some(current_bytes) = read_u64(&dir.join("memory.current"))
+            && let Some(current_bytes) = self.read_u64(&dir.join("memory.current"))
         {
-            return Some(match read_u64(&dir.join("memory.peak")) {
+            return Some(match self.read_u64(&dir.join("memory.peak")) {
                 Some(peak_bytes) => MemoryReading {
                     current_bytes,
                     peak_bytes,
@@ -82,7 +89,11 @@ impl MemoryReader {
                 },
             });
         }
-        let pids = crate::cgroup::procs(dir);
+        let pids = self
+            .files
+            .read(&dir.join("cgroup.procs"))
+            .map(crate::cgroup::parse_procs)
+            .unwrap_or_default();
         if pids.is_empty() {
             return None;
         }
@@ -110,6 +121,7 @@ impl MemoryReader {
                 worker.memory = self.read(&dir_of(path));
             }
         }
+        self.files.end_pass();
     }
 
     /// The v1 memory cgroup of the worker's processes, if it holds nothing else.
@@ -130,7 +142,16 @@ impl MemoryReader {
         {
             return None;
         }
-        read_v1_dir(&v1_dir)
+        Some(MemoryReading {
+            current_bytes: self.read_u64(&v1_dir.join("memory.usage_in_bytes"))?,
+            peak_bytes: self.read_u64(&v1_dir.join("memory.max_usage_in_bytes"))?,
+            source: MemorySource::Cgroup1,
+        })
+    }
+
+    /// A file holding one number, through the kept files.
+    fn read_u64(&mut self, path: &Path) -> Option<u64> {
+        self.files.read(path)?.trim().parse().ok()
     }
 
     /// The v1 memory cgroup of process `pid`, as read at most [`MEMBERSHIP_FRESH`] ago.
@@ -173,10 +194,12 @@ impl MemoryReader {
 
     /// The processes' summed resident sets: /proc/PID/statm's second field, the counters
     /// VmRSS adds (one small read per process).
-    fn rss_bytes(&self, pids: &[u32]) -> u64 {
+    fn rss_bytes(&mut self, pids: &[u32]) -> u64 {
         pids.iter()
-            .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/statm")).ok())
-            .filter_map(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .filter_map(|pid| {
+                let statm = self.files.read(Path::new(&format!("/proc/{pid}/statm")))?;
+                statm.split_whitespace().nth(1)?.parse::<u64>().ok()
+            })
             .map(|pages| pages * page_bytes())
             .sum()
     }

@@ -1,9 +1,15 @@
 //! The `workerprobe` binary end to end: JSON snapshot and error sentences.
 
-use std::{os::unix::process::CommandExt as _, process::Command};
+use std::{
+    os::unix::process::CommandExt as _,
+    path::Path,
+    process::{Child, Command},
+    time::Duration,
+};
 
 use workerprobe_tests::{
-    TestCgroup, field, read_first_json_line, require_root, start_agent, wait_json, workerprobe_path,
+    TestCgroup, field, read_first_json_line, require_root, start_agent, temp_path, wait_json,
+    workerprobe_path,
 };
 
 #[test]
@@ -275,13 +281,7 @@ fn snapshot_json_reports_a_worker_memory() {
         .output()
         .expect("run snapshot");
     // The kernel's figure, read while the holder still holds.
-    let from_cgroup2 = std::fs::read_to_string(worker.dir.join("memory.current")).ok();
-    let rss_kib: u64 = std::fs::read_to_string(format!("/proc/{}/status", holder.id()))
-        .expect("status")
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
+    let (expected_source, kernel_bytes) = kernel_memory(&worker, &[&holder]);
     let _ = holder.kill();
     let _ = holder.wait();
     assert!(
@@ -293,13 +293,6 @@ fn snapshot_json_reports_a_worker_memory() {
     let seen = worker_in(&document, worker.id);
     let memory = &seen["memory"];
     let current = memory["current_bytes"].as_u64().expect("current_bytes");
-    let (expected_source, kernel_bytes) = match &from_cgroup2 {
-        Some(text) => (
-            "cgroup2",
-            text.trim().parse::<u64>().expect("memory.current"),
-        ),
-        None => ("rss", rss_kib * 1024),
-    };
     eprintln!("memory: {memory} against the kernel's {kernel_bytes} ({expected_source})");
     assert_eq!(memory["source"], expected_source, "{memory}");
     assert!(current >= 64 << 20, "{current} bytes for 64 MiB held");
@@ -323,4 +316,103 @@ fn worker_in(document: &serde_json::Value, id: u64) -> &serde_json::Value {
         .iter()
         .find(|w| w["cgroup_id"] == id)
         .unwrap_or_else(|| panic!("worker {id} missing from {document}"))
+}
+
+/// The kernel's figure for the memory of `cgroup` holding `holders`: its `memory.current`
+/// where cgroup2 has the memory controller, else the holders' summed VmRSS (what the agent
+/// falls back to); with the source the agent must name.
+fn kernel_memory(cgroup: &TestCgroup, holders: &[&Child]) -> (&'static str, u64) {
+    if let Ok(text) = std::fs::read_to_string(cgroup.dir.join("memory.current")) {
+        return ("cgroup2", text.trim().parse().expect("memory.current"));
+    }
+    let rss_bytes = holders
+        .iter()
+        .map(|holder| {
+            let status =
+                std::fs::read_to_string(format!("/proc/{}/status", holder.id())).expect("status");
+            let kib: u64 = status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+                .expect("VmRSS");
+            kib * 1024
+        })
+        .sum();
+    ("rss", rss_bytes)
+}
+
+/// Waits (up to two minutes, for emulated kernels) until the recording at `out` has a tick of
+/// cgroup `id` whose memory is within 5% of `expected`; panics with what the ticks said.
+fn wait_for_memory_tick(out: &Path, id: u64, (source, expected): (&str, u64)) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut seen = Vec::new();
+    while std::time::Instant::now() < deadline {
+        let text = std::fs::read_to_string(out).unwrap_or_default();
+        seen = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|line| line["type"] == "tick" && line["cgroup_id"] == id)
+            .map(|line| line["memory"].clone())
+            .collect::<Vec<_>>();
+        if seen.iter().any(|memory| {
+            memory["source"] == source
+                && memory["current_bytes"].as_u64().is_some_and(|bytes| {
+                    (bytes as f64 - expected as f64).abs() / (expected as f64) < 0.05
+                })
+        }) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("no tick of cgroup {id} showed {expected} bytes ({source}); its ticks said {seen:?}");
+}
+
+/// Memory is read afresh at every tick from files the agent keeps open between ticks: a
+/// worker that grows shows its growth, and a cgroup removed and made again under the same
+/// name shows the new cgroup's memory, not an error or the old one's.
+#[test]
+fn each_tick_reads_memory_afresh_even_of_a_cgroup_made_again_under_its_name() {
+    require_root();
+    let worker = TestCgroup::new("kept-memory");
+    let name = worker.name();
+    let out = temp_path("cli", "kept-memory.jsonl");
+    let out_arg = out.to_str().expect("a UTF-8 temp path");
+    let mut agent = start_agent(
+        &[
+            "record",
+            "--out",
+            out_arg,
+            "--interval",
+            "500ms",
+            "--workers",
+            &name,
+        ],
+        "recording to",
+    );
+
+    let mut first = worker.spawn_workload(&["hold", "32", "600000"]);
+    read_first_json_line(&mut first);
+    wait_for_memory_tick(&out, worker.id, kernel_memory(&worker, &[&first]));
+    // A second process joins: the kept process list and counters must show it.
+    let mut second = worker.spawn_workload(&["hold", "64", "600000"]);
+    read_first_json_line(&mut second);
+    wait_for_memory_tick(&out, worker.id, kernel_memory(&worker, &[&first, &second]));
+    for mut holder in [first, second] {
+        let _ = holder.kill();
+        let _ = holder.wait();
+    }
+    let first_id = worker.id;
+    drop(worker);
+
+    let again = TestCgroup::new("kept-memory");
+    assert_ne!(again.id, first_id, "the cgroup made again has a new id");
+    let mut third = again.spawn_workload(&["hold", "48", "600000"]);
+    read_first_json_line(&mut third);
+    wait_for_memory_tick(&out, again.id, kernel_memory(&again, &[&third]));
+    let _ = third.kill();
+    let _ = third.wait();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
+    assert!(agent.wait().expect("wait for record").success());
+    let _ = std::fs::remove_file(&out);
 }
