@@ -2,7 +2,10 @@
 //! and functions in its BTF, fexit trampolines, task-local storage, the scheduler's run-queue
 //! accounting. [`super::plan`] turns these facts into the programs to attach.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+};
 
 use btf_rs::{Btf, Type};
 
@@ -117,11 +120,7 @@ impl KernelFeatures {
                         features.functions.insert(name.to_string(), params);
                     }
                 }
-                Need::Fexit => {
-                    features.fexit =
-                        aya::sys::is_program_supported(aya::programs::ProgramType::Tracing)
-                            .unwrap_or(false);
-                }
+                Need::Fexit => features.fexit = fexit_attaches(btf),
                 Need::TaskStorage => {
                     features.task_storage =
                         aya::sys::is_map_supported(aya::maps::MapType::TaskStorage)
@@ -154,6 +153,66 @@ fn tracepoint_args(btf: &Btf, name: &str) -> Option<usize> {
         };
     }
     None
+}
+
+/// Whether a trivial fentry program on `bpf_fentry_test1` loads and attaches: the probe of
+/// aya's `is_program_supported(Tracing)`, with the function's id from the BTF already parsed
+/// (aya's parses the kernel's BTF again, a tenth of the agent's start).
+fn fexit_attaches(btf: &Btf) -> bool {
+    use aya_obj::generated::{bpf_attach_type, bpf_attr, bpf_cmd, bpf_prog_type};
+
+    let attach_btf_id = btf
+        .resolve_ids_by_name("bpf_fentry_test1")
+        .ok()
+        .and_then(|ids| {
+            ids.into_iter()
+                .find(|&id| matches!(btf.resolve_type_by_id(id), Ok(Type::Func(_))))
+        })
+        .unwrap_or(0);
+    // r0 = 0; exit.
+    let insns: [u64; 2] = [0x0000_0000_0000_00b7, 0x0000_0000_0000_0095];
+    let license = c"GPL";
+    let mut log = [0u8; 256];
+    // SAFETY: an all-zero bpf_attr is the kernel's "unset" for every field.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: the program-load member of the union, the one BPF_PROG_LOAD reads.
+    let load = unsafe { &mut attr.__bindgen_anon_3 };
+    load.prog_type = bpf_prog_type::BPF_PROG_TYPE_TRACING as u32;
+    load.expected_attach_type = bpf_attach_type::BPF_TRACE_FENTRY as u32;
+    load.insn_cnt = insns.len() as u32;
+    load.insns = insns.as_ptr() as u64;
+    load.license = license.as_ptr() as u64;
+    load.attach_btf_id = attach_btf_id;
+    load.log_level = 1;
+    load.log_buf = log.as_mut_ptr() as u64;
+    load.log_size = log.len() as u32;
+    let Some(prog) = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr) else {
+        // Without the function, a kernel that knows tracing programs says so in the log.
+        return attach_btf_id == 0 && log.starts_with(b"Tracing programs must provide btf_id");
+    };
+    // Loading is not attaching: some kernels cannot make the trampoline (ENOTSUPP).
+    // SAFETY: as above.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    attr.raw_tracepoint.prog_fd = prog.as_raw_fd() as u32;
+    bpf(bpf_cmd::BPF_RAW_TRACEPOINT_OPEN, &mut attr).is_some()
+}
+
+/// The `bpf(2)` system call; the file descriptor it returned, closed on drop.
+fn bpf(
+    cmd: aya_obj::generated::bpf_cmd,
+    attr: &mut aya_obj::generated::bpf_attr,
+) -> Option<OwnedFd> {
+    // SAFETY: `attr` is a whole bpf_attr, its pointers valid for the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            attr as *mut _,
+            std::mem::size_of_val(attr),
+        )
+    };
+    // SAFETY: a non-negative return of these commands is a new descriptor we own.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Parameter names of function `name` in the kernel's BTF.
