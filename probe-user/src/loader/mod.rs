@@ -266,31 +266,33 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     if !Path::new(kernel_btf::VMLINUX_BTF).exists() {
         return Err(UserError::NoKernelBtf.into());
     }
-    let (family_offset, socket_sk_offset, task, wait, memory, process, sock, features) = {
-        // Read whole, then parsed: parsing from the sysfs file seeks once per type, a third
-        // of the load time.
-        let bytes = std::fs::read(kernel_btf::VMLINUX_BTF).map_err(|_| UserError::NoKernelBtf)?;
-        let btf = btf_rs::Btf::from_bytes(&bytes).map_err(|_| UserError::NoKernelBtf)?;
-        let task = kernel_btf::task_offsets(&btf).context("locating task_struct's fields")?;
-        let wait =
-            kernel_btf::wait_offsets(&btf).context("locating the fields wait reasons read")?;
-        let memory = kernel_btf::memory_offsets(&btf)
-            .context("locating the fields that keep memory peaks")?;
-        let process = kernel_btf::process_offsets(&btf)
-            .context("locating the fields the process programs read")?;
-        let features = KernelFeatures::probe(&btf, &plan::all_needs(), task.sched_info.is_some());
-        (
-            kernel_btf::sock_family_offset(&btf).context("locating struct sock's family field")?,
-            // Only the fexit variant reads it; a kernel without it plans no such variant.
-            kernel_btf::socket_sk_offset(&btf).unwrap_or(0),
-            task,
-            wait,
-            memory,
-            process,
-            kernel_btf::sock_peer_offsets(&btf).context("locating struct sock's peer fields")?,
-            features,
-        )
-    };
+    // Read whole, then parsed: parsing from the sysfs file seeks once per type, a third of
+    // the load time.
+    let bytes = std::fs::read(kernel_btf::VMLINUX_BTF).map_err(|_| UserError::NoKernelBtf)?;
+    // Two parsers read the kernel's BTF: btf-rs for the offsets and features, aya for loading
+    // (and aya's loader parses it once more when made, to be replaced at once). On another
+    // CPU, aya's two take no longer than btf-rs's one: a third of the start.
+    let (aya_side, btf_rs_side) = std::thread::scope(|scope| {
+        let aya_side = scope.spawn(|| {
+            let mut loader = EbpfLoader::new();
+            loader.btf(None);
+            (loader, Btf::parse(&bytes, aya::Endianness::default()))
+        });
+        let btf_rs_side = kernel_facts(&bytes);
+        (aya_side.join(), btf_rs_side)
+    });
+    let KernelFacts {
+        family_offset,
+        socket_sk_offset,
+        task,
+        wait,
+        memory,
+        process,
+        sock,
+        features,
+    } = btf_rs_side?;
+    let (mut loader, btf) = aya_side.map_err(|_| UserError::NoKernelBtf)?;
+    let btf = btf.map_err(|_| UserError::NoKernelBtf)?;
     let mut features = features;
     match options.net_attach {
         None => {}
@@ -316,7 +318,6 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     if !plan.runs_anything() {
         return Err(UserError::NothingToMeasure(plan.notes(&features::kernel_release())).into());
     }
-    let btf = Btf::from_sys_fs().map_err(|_| UserError::NoKernelBtf)?;
     let sched_info = task.sched_info.unwrap_or_default();
     let endpoints_on = u32::from(plan.measured().endpoints);
 
@@ -329,7 +330,6 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     let for_processes = |size: u32, smallest: u32| {
         if options.processes { size } else { smallest }
     };
-    let mut loader = EbpfLoader::new();
     for (name, offset) in PROCESS_OFFSET_GLOBALS.iter().zip(&process_offsets) {
         loader.override_global(name, offset, true);
     }
@@ -445,6 +445,41 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     })
 }
 
+/// What the programs need to know of the kernel, read from its BTF by btf-rs.
+struct KernelFacts {
+    family_offset: u32,
+    socket_sk_offset: u32,
+    task: probe_common::task::TaskOffsets,
+    wait: probe_common::task::WaitOffsets,
+    memory: probe_common::memory::MemoryOffsets,
+    process: probe_common::process::ProcessOffsets,
+    sock: kernel_btf::SockPeerOffsets,
+    /// What the plan chooses variants by.
+    features: KernelFeatures,
+}
+
+/// The offsets the programs read at and the features the plan chooses by, from the kernel's
+/// BTF (`bytes`).
+fn kernel_facts(bytes: &[u8]) -> anyhow::Result<KernelFacts> {
+    let btf = btf_rs::Btf::from_bytes(bytes).map_err(|_| UserError::NoKernelBtf)?;
+    let task = kernel_btf::task_offsets(&btf).context("locating task_struct's fields")?;
+    let features = KernelFeatures::probe(&btf, &plan::all_needs(), task.sched_info.is_some());
+    Ok(KernelFacts {
+        family_offset: kernel_btf::sock_family_offset(&btf)
+            .context("locating struct sock's family field")?,
+        // Only the fexit variant reads it; a kernel without it plans no such variant.
+        socket_sk_offset: kernel_btf::socket_sk_offset(&btf).unwrap_or(0),
+        task,
+        wait: kernel_btf::wait_offsets(&btf).context("locating the fields wait reasons read")?,
+        memory: kernel_btf::memory_offsets(&btf)
+            .context("locating the fields that keep memory peaks")?,
+        process: kernel_btf::process_offsets(&btf)
+            .context("locating the fields the process programs read")?,
+        sock: kernel_btf::sock_peer_offsets(&btf).context("locating struct sock's peer fields")?,
+        features,
+    })
+}
+
 /// A program's link, kept inside the program (dropping the object detaches it) until a pin
 /// set takes it.
 pub(crate) enum LinkId {
@@ -458,6 +493,7 @@ pub(crate) enum LinkId {
 /// variant already attached are unloaded and the group falls back to its next variant (or is
 /// left out, with its reason in the plan's notes). Returns each attached program's link.
 fn attach_plan(loaded: &mut Loaded) -> anyhow::Result<Vec<(PlannedProgram, LinkId)>> {
+    let preloaded = preload(loaded);
     let mut attached: Vec<(PlannedProgram, LinkId)> = Vec::new();
     // Each fallback gives up a variant for good, so this ends.
     'plan: loop {
@@ -503,12 +539,54 @@ fn attach_plan(loaded: &mut Loaded) -> anyhow::Result<Vec<(PlannedProgram, LinkI
         }
         break;
     }
+    // Loaded ahead for a variant given up since: not attached, so not kept either.
+    for program in preloaded {
+        if !attached.iter().any(|(p, _)| *p == program) {
+            unload(&mut loaded.ebpf, &program);
+        }
+    }
     if attached.is_empty() {
         return Err(
             UserError::NothingToMeasure(loaded.plan.notes(&features::kernel_release())).into(),
         );
     }
     Ok(attached)
+}
+
+/// Loads the planned programs on every CPU at once, before any is attached: the verifier is
+/// half of the agent's start and checks each program on its own. A program the kernel
+/// refuses stays unloaded here; attaching it tries again, and says why.
+fn preload(loaded: &mut Loaded) -> Vec<PlannedProgram> {
+    let planned = loaded.plan.programs();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut shares: Vec<Vec<(PlannedProgram, &mut aya::programs::Program)>> =
+        (0..threads).map(|_| Vec::new()).collect();
+    let programs = loaded.ebpf.programs_mut().filter_map(|(name, program)| {
+        let planned = planned.iter().find(|p| p.program == name)?;
+        Some((*planned, program))
+    });
+    for (index, program) in programs.enumerate() {
+        shares[index % threads].push(program);
+    }
+    let btf = &loaded.btf;
+    std::thread::scope(|scope| {
+        for share in shares {
+            scope.spawn(move || {
+                for (planned, program) in share {
+                    // Errors are left for `attach`, which names the program.
+                    let _ = match planned.attach {
+                        Attach::TpBtf(tracepoint) => {
+                            <&mut BtfTracePoint>::try_from(program).map(|p| p.load(tracepoint, btf))
+                        }
+                        Attach::FExit(function) => {
+                            <&mut FExit>::try_from(program).map(|p| p.load(function, btf))
+                        }
+                    };
+                }
+            });
+        }
+    });
+    planned
 }
 
 /// The kernel would not load or attach a program; the end of a sentence saying so.
@@ -538,9 +616,11 @@ fn attach(ebpf: &mut Ebpf, btf: &Btf, planned: &PlannedProgram) -> Result<LinkId
     match planned.attach {
         Attach::TpBtf(tracepoint) => {
             let program: &mut BtfTracePoint = program.try_into().map_err(|_| refused("find"))?;
-            program
-                .load(tracepoint, btf)
-                .map_err(|err| refused_because("load", err))?;
+            if program.fd().is_err() {
+                program
+                    .load(tracepoint, btf)
+                    .map_err(|err| refused_because("load", err))?;
+            }
             program
                 .attach()
                 .map(LinkId::TpBtf)
@@ -548,9 +628,11 @@ fn attach(ebpf: &mut Ebpf, btf: &Btf, planned: &PlannedProgram) -> Result<LinkId
         }
         Attach::FExit(function) => {
             let program: &mut FExit = program.try_into().map_err(|_| refused("find"))?;
-            program
-                .load(function, btf)
-                .map_err(|err| refused_because("load", err))?;
+            if program.fd().is_err() {
+                program
+                    .load(function, btf)
+                    .map_err(|err| refused_because("load", err))?;
+            }
             program
                 .attach()
                 .map(LinkId::FExit)
