@@ -605,11 +605,13 @@ fn targets(r: &Results) -> Vec<Target> {
             measured: format!("{:.3}%", c.cpu_percent),
             met: Some(c.cpu_percent <= 0.5),
             why: format!(
-                "{:.2} ms of CPU per interval for {} workers active in each, most of it opening \
+                "{:.2} ms of CPU per interval for {} workers active in each: about half reading \
                  two files per active worker for its memory (memory.current and memory.peak on \
                  cgroup2; where v1 holds the memory controller, cgroup.procs and each process's \
-                 statm); the maps are read in batches. Closing it: one read for every cgroup (a \
-                 BPF cgroup iterator, which aya 0.14 cannot attach).",
+                 statm), kept open and re-read from their start (opening them each time cost \
+                 nearly twice as much); a third reading the per-CPU counters of the slots in use \
+                 in batches. Closing it: one read for every cgroup (a BPF cgroup iterator, which \
+                 aya 0.14 cannot attach).",
                 c.cpu_percent * 10.0,
                 c.workers
             ),
@@ -636,10 +638,10 @@ fn targets(r: &Results) -> Vec<Target> {
         goal: "≤ 300 ms".to_owned(),
         measured: attach.map_or("n/a".to_owned(), |a| format!("{:.1} ms", a.median)),
         met: attach.map(|a| a.median <= 300.0),
-        why: "about half is the verifier on the planned programs (a third of that the kernel's \
-              own search of BTF names for trusted pointers), most of the rest parsing the \
-              kernel's BTF twice (for the offsets, and aya's for loading); parsing the two in \
-              parallel saved 30 ms but raised the peak RSS while loading by 15 MB."
+        why: "most of it is the verifier on the planned programs (a third of that the kernel's \
+              own search of BTF names for trusted pointers), run on every CPU at once, and \
+              btf-rs parsing the kernel's BTF for the offsets while aya parses it twice beside \
+              it (its loader's own copy, then ours for loading)."
             .to_owned(),
     });
 
