@@ -43,10 +43,9 @@ pub struct KeptFiles {
 }
 
 impl KeptFiles {
-    /// Kept files within half the descriptor limit, raised first to its hard limit (as Go's
-    /// runtime does: systemd's soft limit of 1,024 is for programs that use `select`).
+    /// Kept files within half the process's descriptor limit (see [`raise_fd_limit`]).
     pub fn new() -> Self {
-        Self::with_budget(raise_fd_limit().map_or(0, |limit| {
+        Self::with_budget(fd_limit().map_or(0, |limit| {
             usize::try_from(limit / BUDGET_SHARE)
                 .unwrap_or(MAX_KEPT)
                 .min(MAX_KEPT)
@@ -144,27 +143,33 @@ fn read_from_start(file: &File, buffer: &mut Vec<u8>) -> std::io::Result<()> {
     }
 }
 
-/// Raises the soft descriptor limit to the hard one; the soft limit now.
-fn raise_fd_limit() -> Option<u64> {
+/// The descriptor limits (soft, hard).
+fn fd_limits() -> Option<libc::rlimit> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit writes the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return None;
-    }
-    if limit.rlim_cur < limit.rlim_max {
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0).then_some(limit)
+}
+
+/// The soft descriptor limit.
+fn fd_limit() -> Option<u64> {
+    fd_limits().map(|limit| limit.rlim_cur)
+}
+
+/// Raises the soft descriptor limit to the hard one, as Go's runtime does: systemd's soft
+/// limit of 1,024 is for programs that use `select`. For the agents that watch every worker;
+/// not for `exec`, whose command would inherit it.
+pub fn raise_fd_limit() {
+    if let Some(limit) = fd_limits().filter(|limit| limit.rlim_cur < limit.rlim_max) {
         let raised = libc::rlimit {
             rlim_cur: limit.rlim_max,
             rlim_max: limit.rlim_max,
         };
-        // SAFETY: setrlimit reads the struct we pass.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            return Some(raised.rlim_cur);
-        }
+        // SAFETY: setrlimit reads the struct we pass. Failing leaves the limit as it was.
+        let _ = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
     }
-    Some(limit.rlim_cur)
 }
 
 #[cfg(test)]

@@ -416,3 +416,43 @@ fn each_tick_reads_memory_afresh_even_of_a_cgroup_made_again_under_its_name() {
     assert!(agent.wait().expect("wait for record").success());
     let _ = std::fs::remove_file(&out);
 }
+
+/// `exec` runs its command with the descriptor limit `exec` was given: the agents raise their
+/// own soft limit for the files they keep open, and a command must not inherit that.
+#[test]
+fn exec_passes_on_the_callers_descriptor_limit() {
+    require_root();
+    let mut command = Command::new(workerprobe_path());
+    command.args(["exec", "--", "sh", "-c", "ulimit -Sn"]);
+    // SAFETY: setrlimit is async-signal-safe; the struct lives on this stack frame.
+    unsafe {
+        command.pre_exec(|| {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+            // Below the hard limit, so a raise would show.
+            limit.rlim_cur = 1000.min(limit.rlim_max.saturating_sub(1));
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            Ok(())
+        });
+    }
+    let output = command.output().expect("run exec");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let soft: u64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .expect("ulimit -Sn prints a number");
+    let mut own = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut own) };
+    assert_eq!(soft, 1000.min(own.rlim_max - 1), "the command's soft limit");
+}

@@ -57,6 +57,8 @@ pub fn start_collector_with(
         processes,
         ..probe.load_options()
     };
+    // Maps, programs and the memory files kept open take a descriptor each.
+    crate::kept_files::raise_fd_limit();
     let probe = loader::open(&options, probe_args.pin.as_deref())?;
     tell_notes(&probe);
     let collector = KernelCollector::new(probe, CgroupIndex::new(mount))?

@@ -208,10 +208,20 @@ impl Probe {
 /// Loads and attaches the programs (`pin: None`), or with `--pin DIR` continues the pin set in
 /// DIR, making it first if DIR is empty or missing (see [`pin`]).
 pub fn open(options: &LoadOptions, pin: Option<&Path>) -> anyhow::Result<Probe> {
-    match pin {
-        None => load_and_attach(options),
-        Some(dir) => pin::open_or_create(options, dir),
-    }
+    let probe = match pin {
+        None => load_and_attach(options)?,
+        Some(dir) => pin::open_or_create(options, dir)?,
+    };
+    give_back_load_memory();
+    Ok(probe)
+}
+
+/// Returns to the kernel what loading freed: the kernel's BTF parsed three times, tens of MB,
+/// much of it in another thread's arena, which glibc keeps unless asked (the running agent's
+/// RSS doubled without this).
+fn give_back_load_memory() {
+    // SAFETY: malloc_trim only gives free memory back to the kernel.
+    unsafe { libc::malloc_trim(0) };
 }
 
 /// Checks what the user can fix, then loads and attaches the programs the kernel allows.
@@ -219,10 +229,12 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
     let mut loaded = load(options)?;
     attach_plan(&mut loaded)?;
     switch_on_every_cpu();
+    let Loaded { ebpf, plan, .. } = loaded;
+    give_back_load_memory();
     Ok(Probe {
-        ebpf: Some(loaded.ebpf),
+        ebpf: Some(ebpf),
         maps: HashMap::new(),
-        plan: loaded.plan,
+        plan,
         _lock: None,
     })
 }
@@ -269,17 +281,16 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     // Read whole, then parsed: parsing from the sysfs file seeks once per type, a third of
     // the load time.
     let bytes = std::fs::read(kernel_btf::VMLINUX_BTF).map_err(|_| UserError::NoKernelBtf)?;
-    // Two parsers read the kernel's BTF: btf-rs for the offsets and features, aya for loading
-    // (and aya's loader parses it once more when made, to be replaced at once). On another
-    // CPU, aya's two take no longer than btf-rs's one: a third of the start.
-    let (aya_side, btf_rs_side) = std::thread::scope(|scope| {
-        let aya_side = scope.spawn(|| {
+    // aya's loader parses the kernel's BTF when made, to be replaced by ours at once: that
+    // parse, garbage from the start, runs on another CPU beside btf-rs's.
+    let (loader, facts) = std::thread::scope(|scope| {
+        let loader = scope.spawn(|| {
             let mut loader = EbpfLoader::new();
             loader.btf(None);
-            (loader, Btf::parse(&bytes, aya::Endianness::default()))
+            loader
         });
-        let btf_rs_side = kernel_facts(&bytes);
-        (aya_side.join(), btf_rs_side)
+        let facts = kernel_facts(&bytes);
+        (loader.join(), facts)
     });
     let KernelFacts {
         family_offset,
@@ -290,9 +301,9 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         process,
         sock,
         features,
-    } = btf_rs_side?;
-    let (mut loader, btf) = aya_side.map_err(|_| UserError::NoKernelBtf)?;
-    let btf = btf.map_err(|_| UserError::NoKernelBtf)?;
+    } = facts?;
+    let mut loader = loader.map_err(|_| UserError::NoKernelBtf)?;
+    let btf = Btf::parse(&bytes, aya::Endianness::default()).map_err(|_| UserError::NoKernelBtf)?;
     let mut features = features;
     match options.net_attach {
         None => {}
