@@ -1,6 +1,7 @@
 //! Memory of a worker, from the best source the host has: cgroup v2 `memory.current` /
 //! `memory.peak` (before 5.19, `memory.current` sampled); on hybrid hosts the v1 memory
-//! cgroup of the worker's processes, when it holds only them; failing both, the summed RSS of its processes (/proc/PID/statm).
+//! cgroup of the worker's processes, when it holds only them; failing both, the summed RSS
+//! of its processes (/proc/PID/statm).
 //!
 //! Read every interval for every active worker, so each source costs as little as it can:
 //! no lookups of files a host cannot have, memberships and shared lists reused for a while,
@@ -142,11 +143,7 @@ impl MemoryReader {
         {
             return None;
         }
-        Some(MemoryReading {
-            current_bytes: self.read_u64(&v1_dir.join("memory.usage_in_bytes"))?,
-            peak_bytes: self.read_u64(&v1_dir.join("memory.max_usage_in_bytes"))?,
-            source: MemorySource::Cgroup1,
-        })
+        v1_reading(&v1_dir, |path| self.read_u64(path))
     }
 
     /// A file holding one number, through the kept files.
@@ -213,6 +210,11 @@ impl Default for MemoryReader {
 
 /// Reads a v1 memory cgroup directory's usage and peak.
 pub fn read_v1_dir(dir: &Path) -> Option<MemoryReading> {
+    v1_reading(dir, read_u64)
+}
+
+/// A v1 memory cgroup directory's usage and peak, each file read by `read_u64`.
+fn v1_reading(dir: &Path, mut read_u64: impl FnMut(&Path) -> Option<u64>) -> Option<MemoryReading> {
     Some(MemoryReading {
         current_bytes: read_u64(&dir.join("memory.usage_in_bytes"))?,
         peak_bytes: read_u64(&dir.join("memory.max_usage_in_bytes"))?,

@@ -214,7 +214,7 @@ fn find_member(btf: &Btf, container: &Type, name: &str) -> anyhow::Result<Option
     for member in members {
         let member_name = btf.resolve_name(member).unwrap_or_default();
         // Types are resolved only where needed: resolving copies a struct's members, and
-        // doing it for each of task_struct's members was a third of the agent's start.
+        // doing it for each of task_struct's members made most of the time offsets took.
         if member_name != name && !member_name.is_empty() {
             continue;
         }
