@@ -7,7 +7,7 @@ use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
 
-use btf_rs::{Btf, Type};
+use super::btf_reader::{BtfReader as Btf, Kind};
 
 /// One thing a program needs from the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -137,22 +137,14 @@ impl KernelFeatures {
 /// `btf_trace_<name>` (a pointer to a prototype whose first parameter is the tracepoint's
 /// `void *` context), minus that context.
 fn tracepoint_args(btf: &Btf, name: &str) -> Option<usize> {
-    let typedef = btf
-        .resolve_types_by_name(&format!("btf_trace_{name}"))
-        .ok()?
-        .into_iter()
-        .find(|candidate| matches!(candidate, Type::Typedef(_)))?;
-    let mut ty = typedef;
     // typedef → pointer → prototype.
-    for _ in 0..4 {
-        ty = match &ty {
-            Type::Typedef(t) => btf.resolve_chained_type(t).ok()?,
-            Type::Ptr(t) => btf.resolve_chained_type(t).ok()?,
-            Type::FuncProto(proto) => return Some(proto.parameters.len().saturating_sub(1)),
-            _ => return None,
-        };
-    }
-    None
+    let proto = btf
+        .named(&format!("btf_trace_{name}"), Kind::Typedef)?
+        .target()?
+        .resolved()
+        .target()?
+        .resolved();
+    (proto.kind == Kind::FuncProto).then(|| proto.parameter_names().len().saturating_sub(1))
 }
 
 /// Whether a trivial fentry program on `bpf_fentry_test1` loads and attaches: the probe of
@@ -162,13 +154,8 @@ fn fexit_attaches(btf: &Btf) -> bool {
     use aya_obj::generated::{bpf_attach_type, bpf_attr, bpf_cmd, bpf_prog_type};
 
     let attach_btf_id = btf
-        .resolve_ids_by_name("bpf_fentry_test1")
-        .ok()
-        .and_then(|ids| {
-            ids.into_iter()
-                .find(|&id| matches!(btf.resolve_type_by_id(id), Ok(Type::Func(_))))
-        })
-        .unwrap_or(0);
+        .named("bpf_fentry_test1", Kind::Func)
+        .map_or(0, |func| func.id());
     // r0 = 0; exit.
     let insns: [u64; 2] = [0x0000_0000_0000_00b7, 0x0000_0000_0000_0095];
     let license = c"GPL";
@@ -217,21 +204,14 @@ fn bpf(
 
 /// Parameter names of function `name` in the kernel's BTF.
 fn function_params(btf: &Btf, name: &str) -> Option<Vec<String>> {
-    let func =
-        btf.resolve_types_by_name(name).ok()?.into_iter().find_map(
-            |candidate| match candidate {
-                Type::Func(func) => Some(func),
-                _ => None,
-            },
-        )?;
-    let Type::FuncProto(proto) = btf.resolve_chained_type(&func).ok()? else {
-        return None;
-    };
-    proto
-        .parameters
-        .iter()
-        .map(|param| btf.resolve_name(param).ok())
-        .collect()
+    let proto = btf.named(name, Kind::Func)?.target()?;
+    (proto.kind == Kind::FuncProto).then(|| {
+        proto
+            .parameter_names()
+            .into_iter()
+            .map(str::to_string)
+            .collect()
+    })
 }
 
 /// The running kernel's release (`uname -r`), for messages and reports.
@@ -244,6 +224,63 @@ pub fn kernel_release() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every tracepoint and function the plan may need is found with the same arguments and
+    /// parameter names as btf-rs, a full decoder, finds in the running kernel's BTF.
+    #[test]
+    fn needs_match_a_full_decoders_on_the_running_kernel() {
+        use btf_rs::Type as T;
+        let bytes = std::fs::read(super::super::kernel_btf::VMLINUX_BTF)
+            .expect("the kernel's BTF (the agent needs it)");
+        let ours = Btf::parse(&bytes).unwrap();
+        let reference = btf_rs::Btf::from_bytes(&bytes).unwrap();
+        let chained = |ty: &T| match ty {
+            T::Typedef(t) => reference.resolve_chained_type(t).ok(),
+            T::Ptr(t) => reference.resolve_chained_type(t).ok(),
+            T::Func(t) => reference.resolve_chained_type(t).ok(),
+            _ => None,
+        };
+        let mut found = 0;
+        for need in crate::loader::plan::all_needs() {
+            match need {
+                Need::Tracepoint { name, .. } => {
+                    let expected = reference
+                        .resolve_types_by_name(&format!("btf_trace_{name}"))
+                        .ok()
+                        .and_then(|types| {
+                            let typedef = types.into_iter().find(|t| matches!(t, T::Typedef(_)))?;
+                            match chained(&chained(&typedef)?)? {
+                                T::FuncProto(proto) => Some(proto.parameters.len() - 1),
+                                _ => None,
+                            }
+                        });
+                    found += usize::from(expected.is_some());
+                    assert_eq!(tracepoint_args(&ours, name), expected, "{name}");
+                }
+                Need::Function { name, .. } => {
+                    let expected = reference
+                        .resolve_types_by_name(name)
+                        .ok()
+                        .and_then(|types| {
+                            let func = types.into_iter().find(|t| matches!(t, T::Func(_)))?;
+                            match chained(&func)? {
+                                T::FuncProto(proto) => proto
+                                    .parameters
+                                    .iter()
+                                    .map(|param| reference.resolve_name(param).ok())
+                                    .collect::<Option<Vec<String>>>(),
+                                _ => None,
+                            }
+                        });
+                    found += usize::from(expected.is_some());
+                    assert_eq!(function_params(&ours, name), expected, "{name}");
+                }
+                _ => {}
+            }
+        }
+        // sched_switch, sched_wakeup and more are in every kernel the agent runs on.
+        assert!(found >= 5, "only {found} needs found");
+    }
 
     #[test]
     fn needs_compare_arguments_and_parameter_names() {

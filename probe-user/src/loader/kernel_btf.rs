@@ -3,13 +3,14 @@
 //! Rust eBPF has no CO-RE relocations, so every struct field the programs read is located here
 //! at load time and handed to them as a read-only global.
 
-use anyhow::{Context as _, anyhow, bail};
-use btf_rs::{Btf, Type};
+use anyhow::{anyhow, bail};
 use probe_common::{
     memory::MemoryOffsets,
     process::ProcessOffsets,
     task::{SchedInfoOffsets, TaskOffsets, WaitOffsets},
 };
+
+use super::btf_reader::{BtfReader as Btf, Kind, Type};
 
 /// Where the kernel's BTF lives.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -103,24 +104,23 @@ pub fn process_offsets(btf: &Btf) -> anyhow::Result<ProcessOffsets> {
 /// before releasing its memory). The other offsets are left 0.
 fn rss_counter_offsets(btf: &Btf) -> anyhow::Result<ProcessOffsets> {
     let mm = btf
-        .resolve_types_by_name("mm_struct")?
-        .into_iter()
-        .find(|candidate| matches!(candidate, Type::Struct(_)))
+        .named("mm_struct", Kind::Struct)
         .ok_or_else(|| anyhow!("mm_struct is not a struct in the kernel's BTF"))?;
-    let Some((_, Type::Array(counters))) = find_member(btf, &mm, "rss_stat")? else {
+    let Some((counters, len)) = find_member(&mm, "rss_stat").and_then(|(_, ty)| ty.array()) else {
         bail!("mm_struct.rss_stat is not an array of counters");
     };
-    let Type::Struct(counter) = strip_modifiers(btf, btf.resolve_chained_type(&counters)?)? else {
+    let counter = counters.resolved();
+    if counter.kind != Kind::Struct {
         bail!("mm_struct.rss_stat holds no structs");
-    };
+    }
     let count = member_offset(btf, "percpu_counter", &["count"])?;
-    let stride = counter.size() as u32;
+    let stride = counter.size();
     let highest = probe_common::process::RSS_COUNTERS
         .iter()
         .max()
         .copied()
         .unwrap_or(0);
-    if counters.len() as u32 <= highest || stride < count + 8 {
+    if len <= highest || stride < count + 8 {
         bail!("mm_struct.rss_stat has an unexpected shape");
     }
     Ok(ProcessOffsets {
@@ -159,16 +159,14 @@ pub fn memory_offsets(btf: &Btf) -> anyhow::Result<MemoryOffsets> {
 /// `memory_cgrp_id` in `enum cgroup_subsys_id`: the memory controller's slot in
 /// `cgroup.subsys`.
 fn memory_controller_id(btf: &Btf) -> anyhow::Result<u32> {
-    for candidate in btf.resolve_types_by_name("cgroup_subsys_id")? {
-        if let Type::Enum(subsystems) = candidate {
-            for member in &subsystems.members {
-                if btf.resolve_name(member)? == "memory_cgrp_id" {
-                    return Ok(member.val());
-                }
-            }
-        }
-    }
-    bail!("the kernel has no memory controller")
+    btf.named("cgroup_subsys_id", Kind::Enum)
+        .and_then(|subsystems| {
+            subsystems
+                .enumerators()
+                .find(|(name, _)| *name == "memory_cgrp_id")
+        })
+        .and_then(|(_, id)| u32::try_from(id).ok())
+        .ok_or_else(|| anyhow!("the kernel has no memory controller"))
 }
 
 fn sched_info_offsets(btf: &Btf) -> anyhow::Result<SchedInfoOffsets> {
@@ -185,14 +183,11 @@ fn sched_info_offsets(btf: &Btf) -> anyhow::Result<SchedInfoOffsets> {
 /// looking through anonymous structs and unions on the way.
 pub fn member_offset(btf: &Btf, struct_name: &str, path: &[&str]) -> anyhow::Result<u32> {
     let mut current = btf
-        .resolve_types_by_name(struct_name)
-        .with_context(|| format!("struct {struct_name} not in the kernel's BTF"))?
-        .into_iter()
-        .find(|candidate| matches!(candidate, Type::Struct(_)))
-        .ok_or_else(|| anyhow!("{struct_name} is not a struct in the kernel's BTF"))?;
+        .named(struct_name, Kind::Struct)
+        .ok_or_else(|| anyhow!("struct {struct_name} not in the kernel's BTF"))?;
     let mut offset_bits = 0u32;
     for name in path {
-        let (member_bits, member_type) = find_member(btf, &current, name)?
+        let (member_bits, member_type) = find_member(&current, name)
             .ok_or_else(|| anyhow!("struct {struct_name} has no member {name}"))?;
         offset_bits += member_bits;
         current = member_type;
@@ -204,41 +199,122 @@ pub fn member_offset(btf: &Btf, struct_name: &str, path: &[&str]) -> anyhow::Res
 }
 
 /// Finds `name` among the members of a struct or union, descending into anonymous members.
-/// Returns the member's bit offset from the start of `container` and its (typedef-resolved)
-/// type.
-fn find_member(btf: &Btf, container: &Type, name: &str) -> anyhow::Result<Option<(u32, Type)>> {
-    let members = match container {
-        Type::Struct(s) | Type::Union(s) => &s.members,
-        _ => return Ok(None),
-    };
-    for member in members {
-        let member_name = btf.resolve_name(member).unwrap_or_default();
-        // Types are resolved only where needed: resolving copies a struct's members, and
-        // doing it for each of task_struct's members made most of the time offsets took.
-        if member_name != name && !member_name.is_empty() {
+/// Returns the member's bit offset from the start of `container` and its type, under any
+/// typedefs and qualifiers.
+fn find_member<'r, 'a>(container: &Type<'r, 'a>, name: &str) -> Option<(u32, Type<'r, 'a>)> {
+    for member in container.members() {
+        if member.name != name && !member.name.is_empty() {
             continue;
         }
-        let member_type = strip_modifiers(btf, btf.resolve_chained_type(member)?)?;
-        if member_name == name {
-            return Ok(Some((member.bit_offset(), member_type)));
+        let member_type = member.ty?.resolved();
+        if member.name == name {
+            return Some((member.bit_offset, member_type));
         }
-        if let Some((inner_bits, found)) = find_member(btf, &member_type, name)? {
-            return Ok(Some((member.bit_offset() + inner_bits, found)));
+        if let Some((inner_bits, found)) = find_member(&member_type, name) {
+            return Some((member.bit_offset + inner_bits, found));
         }
     }
-    Ok(None)
+    None
 }
 
-/// Follows typedefs and qualifiers to the underlying type.
-fn strip_modifiers(btf: &Btf, mut ty: Type) -> anyhow::Result<Type> {
-    loop {
-        ty = match &ty {
-            Type::Typedef(t) => btf.resolve_chained_type(t)?,
-            Type::Const(t) => btf.resolve_chained_type(t)?,
-            Type::Volatile(t) => btf.resolve_chained_type(t)?,
-            Type::Restrict(t) => btf.resolve_chained_type(t)?,
-            Type::TypeTag(t) => btf.resolve_chained_type(t)?,
-            _ => return Ok(ty),
-        };
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member's byte offset as btf-rs, a full decoder, finds it.
+    fn reference_offset(btf: &btf_rs::Btf, struct_name: &str, path: &[&str]) -> Option<u32> {
+        use btf_rs::Type as T;
+        fn resolved(btf: &btf_rs::Btf, mut ty: T) -> Option<T> {
+            loop {
+                ty = match &ty {
+                    T::Typedef(t) => btf.resolve_chained_type(t).ok()?,
+                    T::Const(t) => btf.resolve_chained_type(t).ok()?,
+                    T::Volatile(t) => btf.resolve_chained_type(t).ok()?,
+                    T::Restrict(t) => btf.resolve_chained_type(t).ok()?,
+                    T::TypeTag(t) => btf.resolve_chained_type(t).ok()?,
+                    _ => return Some(ty),
+                }
+            }
+        }
+        fn find(btf: &btf_rs::Btf, container: &T, name: &str) -> Option<(u32, T)> {
+            let (T::Struct(s) | T::Union(s)) = container else {
+                return None;
+            };
+            for member in &s.members {
+                let member_name = btf.resolve_name(member).unwrap_or_default();
+                let ty = resolved(btf, btf.resolve_chained_type(member).ok()?)?;
+                if member_name == name {
+                    return Some((member.bit_offset(), ty));
+                }
+                if member_name.is_empty()
+                    && let Some((bits, found)) = find(btf, &ty, name)
+                {
+                    return Some((member.bit_offset() + bits, found));
+                }
+            }
+            None
+        }
+        let mut current = btf
+            .resolve_types_by_name(struct_name)
+            .ok()?
+            .into_iter()
+            .find(|ty| matches!(ty, T::Struct(_)))?;
+        let mut bits = 0;
+        for name in path {
+            let (member_bits, ty) = find(btf, &current, name)?;
+            bits += member_bits;
+            current = ty;
+        }
+        Some(bits / 8)
+    }
+
+    /// Every offset the programs read, as the loader's reader finds it in the running kernel's
+    /// BTF, equals btf-rs's.
+    #[test]
+    fn offsets_match_a_full_decoders_on_the_running_kernel() {
+        let bytes = std::fs::read(VMLINUX_BTF).expect("the kernel's BTF (the agent needs it)");
+        let ours = Btf::parse(&bytes).unwrap();
+        let reference = btf_rs::Btf::from_bytes(&bytes).unwrap();
+        let paths: &[(&str, &[&str])] = &[
+            ("sock", &["__sk_common", "skc_family"]),
+            ("sock", &["__sk_common", "skc_daddr"]),
+            ("sock", &["__sk_common", "skc_dport"]),
+            ("sock", &["__sk_common", "skc_v6_daddr"]),
+            ("socket", &["sk"]),
+            ("task_struct", &["se", "sum_exec_runtime"]),
+            ("task_struct", &["sched_info", "run_delay"]),
+            ("task_struct", &["sched_info", "last_queued"]),
+            ("task_struct", &["pid"]),
+            ("task_struct", &["cgroups"]),
+            ("task_struct", &["utime"]),
+            ("task_struct", &["files"]),
+            ("task_struct", &["signal"]),
+            ("task_struct", &["comm"]),
+            ("task_struct", &["mm"]),
+            ("css_set", &["dfl_cgrp"]),
+            ("cgroup", &["kn"]),
+            ("cgroup", &["subsys"]),
+            ("kernfs_node", &["id"]),
+            ("cgroup_root", &["hierarchy_id"]),
+            ("fdtable", &["fd"]),
+            ("file", &["f_inode"]),
+            ("inode", &["i_mode"]),
+            ("pt_regs", &["orig_ax"]),
+            ("mm_struct", &["arg_start"]),
+            ("mm_struct", &["rss_stat"]),
+            ("signal_struct", &["maxrss"]),
+            ("mem_cgroup", &["memory", "watermark"]),
+            ("percpu_counter", &["count"]),
+        ];
+        for (struct_name, path) in paths {
+            assert_eq!(
+                member_offset(&ours, struct_name, path).ok(),
+                reference_offset(&reference, struct_name, path),
+                "{struct_name}.{}",
+                path.join(".")
+            );
+        }
+        // The anonymous members on the way are looked through (sock_common's are unions).
+        assert!(member_offset(&ours, "sock", &["__sk_common", "skc_dport"]).unwrap() > 0);
     }
 }
