@@ -34,14 +34,24 @@ pub struct MemoryReader {
     /// workers' processes often share one (a session's), and listing it per worker per tick
     /// cost the agent most of a core at 1,000 workers.
     v1_procs: std::collections::HashMap<PathBuf, (std::time::Instant, std::sync::Arc<Vec<u32>>)>,
+    /// v1 memory cgroups found holding processes of more than one worker (or of none), when:
+    /// not listed again for [`V1_SHARED_FRESH`]. Workers' process lists are disjoint, so such
+    /// a cgroup is no worker's alone; the session's cgroup that holds every process a shell
+    /// started was listed twice a second for nothing.
+    v1_shared: HashMap<PathBuf, Instant>,
     /// The files read every interval, kept open.
     files: KeptFiles,
 }
 
-/// How long a v1 memory cgroup's process list is reused.
+/// How long a v1 memory cgroup's process list is reused: a cgroup a worker owns is dropped
+/// this soon after another process joins it.
 const V1_PROCS_FRESH: Duration = Duration::from_millis(500);
-/// How long a process's v1 memory cgroup is reused.
-const MEMBERSHIP_FRESH: Duration = Duration::from_secs(10);
+/// How long a v1 memory cgroup found shared stays so without a look: one that a worker comes
+/// to own alone is read as the worker's memory this late (its RSS is shown meanwhile).
+const V1_SHARED_FRESH: Duration = Duration::from_secs(10);
+/// How long a process's v1 memory cgroup is reused. A stale one is safe: the cgroup's own
+/// process list is checked against the worker's every [`V1_PROCS_FRESH`].
+const MEMBERSHIP_FRESH: Duration = Duration::from_secs(30);
 /// Processes whose v1 memory cgroup is remembered before stale ones are dropped.
 const MEMBERSHIPS_KEPT: usize = 1 << 16;
 
@@ -61,6 +71,7 @@ impl MemoryReader {
             v2_memory,
             v1_membership: HashMap::new(),
             v1_procs: HashMap::new(),
+            v1_shared: HashMap::new(),
             files: KeptFiles::new(),
         }
     }
@@ -135,12 +146,25 @@ impl MemoryReader {
             return None;
         }
         let v1_dir = mount.join(v1_path.trim_start_matches('/'));
-        let v1_pids = self.v1_procs_of(&v1_dir);
-        // A memory cgroup shared with other processes would not be this worker's memory.
-        if v1_pids.is_empty()
-            || v1_pids.len() > pids.len()
-            || !v1_pids.iter().all(|pid| pids.contains(pid))
+        let now = Instant::now();
+        if self
+            .v1_shared
+            .get(&v1_dir)
+            .is_some_and(|found_at| now.duration_since(*found_at) < V1_SHARED_FRESH)
         {
+            return None;
+        }
+        let v1_pids = self.v1_procs_of(&v1_dir);
+        if v1_pids.is_empty() {
+            return None;
+        }
+        // A memory cgroup shared with other processes would not be this worker's memory.
+        if v1_pids.len() > pids.len() || !v1_pids.iter().all(|pid| pids.contains(pid)) {
+            if self.v1_shared.len() > 4096 {
+                self.v1_shared
+                    .retain(|_, found_at| now.duration_since(*found_at) < V1_SHARED_FRESH);
+            }
+            self.v1_shared.insert(v1_dir, now);
             return None;
         }
         v1_reading(&v1_dir, |path| self.read_u64(path))
