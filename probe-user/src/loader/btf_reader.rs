@@ -322,10 +322,13 @@ impl<'r, 'a> Type<'r, 'a> {
         (0..records).filter_map(move |index| {
             let record = self.data.get(width * index..width * (index + 1))?;
             let low = u32_at(record, 4)?;
+            // kind_flag marks a signed enum.
             let value = if width == 12 {
                 (i64::from(u32_at(record, 8)?) << 32) | i64::from(low)
-            } else {
+            } else if self.kind_flag {
                 i64::from(low as i32)
+            } else {
+                i64::from(low)
             };
             Some((self.reader.text(u32_at(record, 0)?), value))
         })
@@ -367,7 +370,7 @@ mod tests {
     use super::*;
 
     /// A small BTF blob: `int`, `struct pair { int a; int b: 3; }`, a typedef of it, and
-    /// `enum e { X = -1 }`.
+    /// the signed `enum e { X = -1 }`.
     fn blob() -> Vec<u8> {
         let strings = b"\0int\0pair\0a\0b\0pair_t\0e\0X\0";
         let mut types = Vec::new();
@@ -392,8 +395,8 @@ mod tests {
         ]);
         // 3: typedef pair_t → 2.
         push(&[14, 8 << 24, 2]);
-        // 4: enum e { X = -1 }.
-        push(&[21, (6 << 24) | 1, 4, 23, u32::MAX]);
+        // 4: enum e { X = -1 }, signed (kind_flag).
+        push(&[21, (1 << 31) | (6 << 24) | 1, 4, 23, u32::MAX]);
         let mut bytes = Vec::new();
         bytes.extend_from_slice(&0xeb9f_u16.to_le_bytes());
         bytes.extend_from_slice(&[1, 0]);
