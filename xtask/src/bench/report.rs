@@ -605,13 +605,15 @@ fn targets(r: &Results) -> Vec<Target> {
             measured: format!("{:.3}%", c.cpu_percent),
             met: Some(c.cpu_percent <= 0.5),
             why: format!(
-                "{:.2} ms of CPU per interval for {} workers active in each: about half reading \
-                 two files per active worker for its memory (memory.current and memory.peak on \
-                 cgroup2; where v1 holds the memory controller, cgroup.procs and each process's \
-                 statm), kept open and re-read from their start (opening them each time cost \
-                 nearly twice as much); a third reading the per-CPU counters of the slots in use \
-                 in batches. Closing it: one read for every cgroup (a BPF cgroup iterator, which \
-                 aya 0.14 cannot attach).",
+                "{:.2} ms of CPU per interval for {} workers active in each: about a third \
+                 reading two files per active worker for its memory (memory.current and \
+                 memory.peak on cgroup2; on this hybrid host, where v1 holds the memory \
+                 controller, the worker's cgroup.procs and each process's statm), kept open and \
+                 re-read from their start; a fifth reading the per-CPU counters of the slots in \
+                 use in batches; the rest turning counters into intervals. One read for every \
+                 cgroup needs a BPF iterator (aya 0.14 attaches none that needs link info), and \
+                 statm's exact RSS sums per-CPU counters that BPF cannot reach without per-CPU \
+                 pointer types in the kernel's BTF.",
                 c.cpu_percent * 10.0,
                 c.workers
             ),
@@ -639,11 +641,11 @@ fn targets(r: &Results) -> Vec<Target> {
         measured: attach.map_or("n/a".to_owned(), |a| format!("{:.1} ms", a.median)),
         met: attach.map(|a| a.median <= 300.0),
         why: "most of it is the verifier on the planned programs (a third of that the kernel's \
-              own search of BTF names for trusted pointers), run on every CPU at once; then \
-              the kernel's BTF parsed three times: btf-rs for the offsets (beside it, aya's \
-              loader's own copy, dropped at once), then aya's for loading. Parsing aya's kept \
-              copy in another thread too saved 35 ms more but left the running agent's heap \
-              fragmented (RSS 28 -> 36-47 MB at 1,000 workers)."
+              own search of BTF names for trusted pointers), run on every CPU at once. The \
+              kernel's BTF is indexed in place for the offsets (milliseconds) and parsed twice \
+              by aya: its loader's own copy, dropped at once, on another CPU beside ours. \
+              btf-rs's full decode for the offsets had cost about 100 ms (and 30 MB of peak \
+              RSS)."
             .to_owned(),
     });
 
