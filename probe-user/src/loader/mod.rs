@@ -234,7 +234,9 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
     switch_on_every_cpu();
     // The parsed BTF is freed before the trim: fields left behind by a partial move are
     // dropped only at the end of the function, too late for it.
-    let Loaded { ebpf, plan, btf, .. } = loaded;
+    let Loaded {
+        ebpf, plan, btf, ..
+    } = loaded;
     drop(btf);
     give_back_load_memory();
     Ok(Probe {
