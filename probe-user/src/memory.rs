@@ -12,6 +12,7 @@ use std::{
     collections::HashMap,
     fs,
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -33,7 +34,7 @@ pub struct MemoryReader {
     /// v1 memory cgroups' process lists, each read at most once per [`V1_PROCS_FRESH`]: many
     /// workers' processes often share one (a session's), and listing it per worker per tick
     /// cost the agent most of a core at 1,000 workers.
-    v1_procs: std::collections::HashMap<PathBuf, (std::time::Instant, std::sync::Arc<Vec<u32>>)>,
+    v1_procs: HashMap<PathBuf, (Instant, Arc<Vec<u32>>)>,
     /// v1 memory cgroups found holding processes of more than one worker (or of none), when:
     /// not listed again for [`V1_SHARED_FRESH`]. Workers' process lists are disjoint, so such
     /// a cgroup is no worker's alone; the session's cgroup that holds every process a shell
@@ -195,21 +196,21 @@ impl MemoryReader {
     }
 
     /// The processes of a v1 memory cgroup, as read at most [`V1_PROCS_FRESH`] ago.
-    fn v1_procs_of(&mut self, dir: &Path) -> std::sync::Arc<Vec<u32>> {
-        let now = std::time::Instant::now();
+    fn v1_procs_of(&mut self, dir: &Path) -> Arc<Vec<u32>> {
+        let now = Instant::now();
         if let Some((read_at, pids)) = self.v1_procs.get(dir)
             && now.duration_since(*read_at) < V1_PROCS_FRESH
         {
-            return std::sync::Arc::clone(pids);
+            return Arc::clone(pids);
         }
         // Bounded: stale entries go whenever the map grows large.
         if self.v1_procs.len() > 4096 {
             self.v1_procs
                 .retain(|_, (read_at, _)| now.duration_since(*read_at) < V1_PROCS_FRESH);
         }
-        let pids = std::sync::Arc::new(crate::cgroup::procs(dir));
+        let pids = Arc::new(crate::cgroup::procs(dir));
         self.v1_procs
-            .insert(dir.to_path_buf(), (now, std::sync::Arc::clone(&pids)));
+            .insert(dir.to_path_buf(), (now, Arc::clone(&pids)));
         pids
     }
 

@@ -157,7 +157,7 @@ impl<'a> BtfReader<'a> {
     }
 
     /// The ids of the types named `name`, lowest first.
-    pub fn ids_named(&self, name: &str) -> Vec<u32> {
+    fn ids_named(&self, name: &str) -> Vec<u32> {
         let mut ids = Vec::new();
         let mut id = self.last_named.get(name.as_bytes()).copied().unwrap_or(0);
         while id != 0 {
