@@ -160,3 +160,58 @@ unsafe impl aya::Pod for EndpointKey {}
 #[cfg(feature = "user")]
 // SAFETY: plain `#[repr(C)]` integers, no padding.
 unsafe impl aya::Pod for EndpointStats {}
+
+/// Name of the per-CPU array of [`EndpointSlot`]s: the fast path for workers' endpoints, one
+/// slot per (worker, peer), found through a slot number each socket keeps in its local
+/// storage (an array update per call instead of a hash lookup). Endpoints beyond its slots
+/// use [`ENDPOINTS_MAP`].
+pub const ENDPOINT_SLOTS_MAP: &str = "ENDPOINT_SLOTS";
+/// Name of the hash map: [`EndpointKey`] → its slot in [`ENDPOINT_SLOTS_MAP`] (`u64`).
+pub const ENDPOINT_SLOT_OF_MAP: &str = "ENDPOINT_SLOT_OF";
+/// Name of the stack of free endpoint slots (`u32`): the programs take one for a new
+/// endpoint, user space gives it back when its worker's summary is taken.
+pub const FREE_ENDPOINT_SLOTS_MAP: &str = "FREE_ENDPOINT_SLOTS";
+
+/// Kernel memory the endpoint slot array may take, all CPUs together (allocated whole at load).
+pub const ENDPOINT_SLOT_MEMORY_BYTES: usize = 4 << 20;
+
+/// Slots of the endpoint slot array for `possible_cpus`: within
+/// [`ENDPOINT_SLOT_MEMORY_BYTES`], at least 64, at most `max_endpoints`.
+pub fn fast_endpoint_slots(possible_cpus: usize, max_endpoints: u32) -> u32 {
+    let per_slot = core::mem::size_of::<EndpointSlot>() * possible_cpus.max(1);
+    let slots = (ENDPOINT_SLOT_MEMORY_BYTES / per_slot).max(64);
+    u32::try_from(slots)
+        .unwrap_or(u32::MAX)
+        .min(max_endpoints.max(1))
+}
+
+/// One slot of [`ENDPOINT_SLOTS_MAP`] on one CPU: whose counters these are, and the counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointSlot {
+    /// The (worker, peer) that owns the slot on this CPU (all zeros: unused here). Written
+    /// when the slot is first used on this CPU, zeroed with the counters when it is given back.
+    pub key: EndpointKey,
+    /// Its counters on this CPU.
+    pub stats: EndpointStats,
+}
+
+const _: () = assert!(core::mem::size_of::<EndpointSlot>() == 80);
+
+#[cfg(feature = "user")]
+// SAFETY: two Pod structs, no padding between them.
+unsafe impl aya::Pod for EndpointSlot {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_slots_fit_their_memory_within_their_bounds() {
+        let two_cpus = fast_endpoint_slots(2, u32::MAX);
+        assert_eq!(two_cpus as usize, ENDPOINT_SLOT_MEMORY_BYTES / (2 * 80));
+        assert_eq!(fast_endpoint_slots(4_096, 65_536), 64);
+        assert_eq!(fast_endpoint_slots(2, 100), 100);
+        assert_eq!(fast_endpoint_slots(0, 1_000), fast_endpoint_slots(1, 1_000));
+    }
+}

@@ -17,11 +17,13 @@
 //! Payload bytes either way, so they match what the application wrote and read, whatever the
 //! network namespace.
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
     Global,
-    helpers::bpf_get_current_task_btf,
-    macros::{btf_tracepoint, fexit, map},
-    maps::{HashMap, PerCpuHashMap},
+    helpers::{bpf_get_current_task_btf, generated::bpf_sk_storage_get},
+    macros::{btf_map, btf_tracepoint, fexit, map},
+    maps::{HashMap, PerCpuArray, PerCpuHashMap, Stack},
     programs::{BtfTracePointContext, FExitContext},
 };
 use probe_common::{
@@ -29,7 +31,7 @@ use probe_common::{
     drops::{DROP_ENDPOINT_OVERFLOW, DROP_ENDPOINTS, DROP_NET_STATS},
     net::{
         AF_INET, AF_INET6, DEFAULT_ENDPOINTS_PER_WORKER, DEFAULT_MAX_ENDPOINTS, ENDPOINT_OTHER,
-        EndpointKey, EndpointStats, MSG_PEEK, NetStats, family_slot,
+        EndpointKey, EndpointSlot, EndpointStats, MSG_PEEK, NetStats, family_slot,
     },
 };
 
@@ -49,7 +51,65 @@ static NET_STATS: PerCpuHashMap<u64, NetStats> =
 static ENDPOINTS: PerCpuHashMap<EndpointKey, EndpointStats> =
     PerCpuHashMap::with_max_entries(DEFAULT_MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
 
-/// cgroup id → how many endpoints it has in `ENDPOINTS`, to bound them per worker.
+/// The fast path of workers' endpoints: slot → the (worker, peer) that owns it on this CPU and
+/// its counters there. Sized by the loader (`probe_common::net::fast_endpoint_slots`);
+/// endpoints beyond it use `ENDPOINTS`.
+#[map]
+static ENDPOINT_SLOTS: PerCpuArray<EndpointSlot> = PerCpuArray::with_max_entries(1, 0);
+
+/// (cgroup id, peer) → its slot in `ENDPOINT_SLOTS`.
+#[map]
+static ENDPOINT_SLOT_OF: HashMap<EndpointKey, u64> = HashMap::with_max_entries(1, 0);
+
+/// Endpoint slots free to take, filled by the loader and refilled by user space as workers
+/// end.
+#[map]
+static FREE_ENDPOINT_SLOTS: Stack<u32> = Stack::with_max_entries(1, 0);
+
+/// What a socket remembers of its last call: the worker that made it and the slot of that
+/// worker's entry for the socket's peer. A hint only: the slot's key says whose it is.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SockEndpoint {
+    /// The cgroup of the call's thread.
+    cgroup_id: u64,
+    /// Its entry's slot in `ENDPOINT_SLOTS`, or `NO_ENDPOINT_SLOT`.
+    slot: u32,
+    /// Keeps the size a multiple of 8.
+    reserved: u32,
+}
+
+/// `BPF_MAP_TYPE_SK_STORAGE` definition in the BTF map layout (aya-ebpf's `SkStorage` takes
+/// only a sock_addr program's context).
+#[repr(C)]
+pub struct SockStorage {
+    r#type: *const [i32; 24],
+    key: *const i32,
+    value: *const SockEndpoint,
+    max_entries: *const [i32; 0],
+    /// BPF_F_NO_PREALLOC, required for local storage.
+    map_flags: *const [i32; 1],
+}
+
+// SAFETY: placeholder pointers the loader reads as BTF, never dereferenced.
+unsafe impl Sync for SockStorage {}
+
+/// Per-socket endpoint hint, freed with the socket.
+#[btf_map]
+static SOCK_ENDPOINT: SockStorage = SockStorage {
+    r#type: core::ptr::null(),
+    key: core::ptr::null(),
+    value: core::ptr::null(),
+    max_entries: core::ptr::null(),
+    map_flags: core::ptr::null(),
+};
+
+/// `SockEndpoint::slot` of a socket whose endpoint has no slot (its counters are in
+/// `ENDPOINTS`): past the array's end, so no lookup succeeds.
+const NO_ENDPOINT_SLOT: u32 = u32::MAX;
+
+/// cgroup id → how many endpoints it has in `ENDPOINTS` and `ENDPOINT_SLOTS`, to bound them
+/// per worker.
 #[map]
 static ENDPOINT_COUNTS: HashMap<u64, u64> =
     HashMap::with_max_entries(DEFAULT_MAX_WORKERS, BPF_F_NO_PREALLOC);
@@ -244,7 +304,14 @@ fn account(sock: *const u8, bytes: u64, sent: bool) {
     // process workers, its own bytes.
     let mut state = task::state(current);
     if ENDPOINTS_ON.load() != 0 {
-        account_endpoint(sock, state.as_deref_mut(), current, bytes, sent);
+        let call = Call {
+            sock,
+            family,
+            cgroup_id,
+            bytes,
+            sent,
+        };
+        account_endpoint(&call, state.as_deref_mut(), current);
     }
     let Some(state) = state else {
         add_hashed(cgroup_id, family_slot(family), bytes, sent);
@@ -296,30 +363,128 @@ fn add_hashed(cgroup_id: u64, family_slot: usize, bytes: u64, sent: bool) {
     }
 }
 
+/// One socket call that returned with bytes moved, and whose it was.
+struct Call {
+    sock: *const u8,
+    family: u16,
+    cgroup_id: u64,
+    bytes: u64,
+    sent: bool,
+}
+
 /// Adds a call to the worker's entry for the socket's peer, with the network sleeps of the
 /// call that just returned (claimed from the thread's state), and, for process workers, to
 /// the process's entry for that peer too.
 #[inline(never)]
-fn account_endpoint(
-    sock: *const u8,
-    state: Option<&mut task::TaskState>,
-    current: task::Task,
-    bytes: u64,
-    sent: bool,
-) {
+fn account_endpoint(call: &Call, state: Option<&mut task::TaskState>, current: task::Task) {
     let (wait_ns, waits) = state.map_or((0, 0), |state| claim_network_wait(state, current));
-    let call = EndpointCall {
-        bytes,
-        sent,
+    let added = EndpointCall {
+        bytes: call.bytes,
+        sent: call.sent,
         wait_ns,
         waits,
     };
-    let mut key = peer_key(sock, task::cgroup_id(current));
-    add_to_endpoint::<false>(&mut key, &call);
-    if crate::process::on() {
-        let mut key = peer_key(sock, u64::from(task::tgid(current)));
-        add_to_endpoint::<true>(&mut key, &call);
+    let mut key = peer_key(call.sock, call.family, call.cgroup_id);
+    match endpoint_slot(call, &key) {
+        // SAFETY: this CPU's value; no other writer while we run.
+        Some(slot) => add_call(unsafe { &mut (*slot).stats }, &added),
+        None => add_to_endpoint::<false>(&mut key, &added),
     }
+    if crate::process::on() {
+        let mut key = peer_key(call.sock, call.family, u64::from(task::tgid(current)));
+        add_to_endpoint::<true>(&mut key, &added);
+    }
+}
+
+/// The slot of the worker's entry for the socket's peer on this CPU: an array access when the
+/// socket knows it, else found or taken on the rare path; `None` when the entry has no slot
+/// (none was free, or the worker is past its bound) and is in `ENDPOINTS`.
+#[inline(always)]
+fn endpoint_slot(call: &Call, key: &EndpointKey) -> Option<*mut EndpointSlot> {
+    // SAFETY: the map is our socket storage; the helper takes a BTF socket pointer (or
+    // returns null for one that is not a full socket).
+    let hint = unsafe {
+        bpf_sk_storage_get(
+            &SOCK_ENDPOINT as *const SockStorage as *mut c_void,
+            call.sock as *mut _,
+            core::ptr::null_mut(),
+            SK_STORAGE_F_CREATE,
+        )
+    } as *mut SockEndpoint;
+    // SAFETY: the kernel returns this socket's value or null.
+    let hint = unsafe { hint.as_mut() }?;
+    if hint.cgroup_id == call.cgroup_id {
+        // `NO_ENDPOINT_SLOT` is past the array's end: the entry is in the hash.
+        let slot = ENDPOINT_SLOTS.get_ptr_mut(hint.slot)?;
+        // A slot given back and taken by another endpoint (or a socket connected anew) no
+        // longer names this one.
+        // SAFETY: this CPU's value; no other writer while we run.
+        if unsafe { (*slot).key } == *key {
+            return Some(slot);
+        }
+    }
+    find_endpoint_slot(hint, key)
+}
+
+/// `BPF_SK_STORAGE_GET_F_CREATE`.
+const SK_STORAGE_F_CREATE: u64 = 1;
+
+/// Rare path of `endpoint_slot`: the entry's slot, taken now if it has none and one is free;
+/// the socket remembers either answer.
+#[inline(never)]
+fn find_endpoint_slot(hint: &mut SockEndpoint, key: &EndpointKey) -> Option<*mut EndpointSlot> {
+    hint.cgroup_id = key.cgroup_id;
+    hint.slot = NO_ENDPOINT_SLOT;
+    // SAFETY: a plain hash value, read whole.
+    let slot = match unsafe { ENDPOINT_SLOT_OF.get(key) } {
+        Some(&slot) => slot as u32,
+        None => take_endpoint_slot(key)?,
+    };
+    let counters = ENDPOINT_SLOTS.get_ptr_mut(slot)?;
+    hint.slot = slot;
+    // SAFETY: this CPU's value; no other writer while we run.
+    unsafe {
+        if (*counters).key != *key {
+            // The slot's first use on this CPU by this endpoint: from zero, whatever a late
+            // write of its last owner left after user space zeroed it.
+            *counters = ZERO_ENDPOINT_SLOT;
+            (*counters).key = *key;
+        }
+    }
+    Some(counters)
+}
+
+/// Takes a free slot for a new endpoint of a worker within its bound; if another CPU just
+/// gave it one, that one. `None` leaves the call to `ENDPOINTS` (which also counts a call
+/// past the bound to the worker's `other` entry).
+#[inline(always)]
+fn take_endpoint_slot(key: &EndpointKey) -> Option<u32> {
+    let count = endpoint_count(&ENDPOINT_COUNTS, key.cgroup_id)?;
+    // SAFETY: a shared value; racing CPUs may let a worker pass its bound by one or two.
+    if unsafe { core::ptr::read_volatile(count) } >= u64::from(ENDPOINTS_PER_WORKER.load()) {
+        return None;
+    }
+    let slot = FREE_ENDPOINT_SLOTS.pop().ok().flatten()?;
+    if ENDPOINT_SLOT_OF
+        .insert(key, u64::from(slot), BPF_NOEXIST)
+        .is_ok()
+    {
+        // SAFETY: as above (not atomic: see `first_use`).
+        unsafe { *count += 1 };
+        return Some(slot);
+    }
+    let _ = FREE_ENDPOINT_SLOTS.push(slot, 0);
+    // SAFETY: as above.
+    unsafe { ENDPOINT_SLOT_OF.get(key) }.map(|&slot| slot as u32)
+}
+
+/// The owner's count of endpoints, made (zero) if missing.
+#[inline(always)]
+fn endpoint_count(counts: &HashMap<u64, u64>, owner_id: u64) -> Option<*mut u64> {
+    if counts.get_ptr_mut(owner_id).is_none() {
+        let _ = counts.insert(owner_id, 0u64, BPF_NOEXIST);
+    }
+    counts.get_ptr_mut(owner_id)
 }
 
 /// What one socket call adds to an endpoint's entry.
@@ -332,8 +497,7 @@ struct EndpointCall {
 
 /// The key of the socket's peer in the entries of `owner_id` (a cgroup id, or a pid).
 #[inline(always)]
-fn peer_key(sock: *const u8, owner_id: u64) -> EndpointKey {
-    let family = family_of(sock);
+fn peer_key(sock: *const u8, family: u16, owner_id: u64) -> EndpointKey {
     let mut key = EndpointKey {
         cgroup_id: owner_id,
         addr: [0; 16],
@@ -387,7 +551,12 @@ fn add_to_endpoint<const PROCESS: bool>(key: &mut EndpointKey, call: &EndpointCa
         },
     };
     // SAFETY: per-CPU value of this CPU; no other writer while we run.
-    let stats = unsafe { &mut *stats };
+    add_call(unsafe { &mut *stats }, call);
+}
+
+/// Adds a call to an endpoint's counters.
+#[inline(always)]
+fn add_call(stats: &mut EndpointStats, call: &EndpointCall) {
     if call.sent {
         stats.sent_bytes += call.bytes;
         stats.sent_calls += 1;
@@ -422,10 +591,7 @@ fn first_use<const PROCESS: bool>(key: &mut EndpointKey) -> Option<*mut Endpoint
     } else {
         &ENDPOINT_COUNTS
     };
-    if counts.get_ptr_mut(owner_id).is_none() {
-        let _ = counts.insert(owner_id, 0u64, BPF_NOEXIST);
-    }
-    let count = counts.get_ptr_mut(owner_id)?;
+    let count = endpoint_count(counts, owner_id)?;
     // SAFETY: a shared value; racing CPUs may let a worker pass its bound by one or two.
     if unsafe { core::ptr::read_volatile(count) } >= u64::from(ENDPOINTS_PER_WORKER.load()) {
         // Every call beyond the bound is counted, and charged to the worker's `other` peer.
@@ -464,6 +630,18 @@ static ZERO_ENDPOINT: EndpointStats = EndpointStats {
     received_calls: 0,
     wait_ns: 0,
     waits: 0,
+};
+
+/// An all-zero endpoint slot, copied over a slot an endpoint takes over on a CPU.
+static ZERO_ENDPOINT_SLOT: EndpointSlot = EndpointSlot {
+    key: EndpointKey {
+        cgroup_id: 0,
+        addr: [0; 16],
+        port: 0,
+        family: 0,
+        reserved: 0,
+    },
+    stats: ZERO_ENDPOINT,
 };
 
 #[inline(always)]

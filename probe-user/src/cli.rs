@@ -370,6 +370,10 @@ pub struct ProbeArgs {
     /// all of them).
     #[arg(long, hide = true, value_parser = parse_count::<u32, 0, 1_048_576>)]
     pub cpu_slots: Option<u32>,
+    /// For tests and benchmarks: slots of the endpoints' fast path (default: from the CPU
+    /// count, within 4 MiB); endpoints beyond them are counted through a hash map (0: all).
+    #[arg(long, hide = true, value_parser = parse_count::<u32, 0, 1_048_576>)]
+    pub endpoint_slots: Option<u32>,
     /// The node's name in headers and recordings, to tell nodes apart when their recordings
     /// are read together (default: the host name).
     #[arg(long, value_name = "NAME", value_parser = parse_node_name)]
@@ -417,6 +421,7 @@ impl ProbeArgs {
             max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
             processes: false,
             cpu_slots: self.cpu_slots,
+            endpoint_slots: self.endpoint_slots,
         }
     }
 

@@ -8,13 +8,14 @@ use crate::collect_slots::SlotMaps;
 use probe_common::{
     cpu::{
         CPU_SLOTS_MAP, CPU_STATS_MAP, CpuStats, FREE_SLOTS_MAP, LAST_SWITCH_MAP, LastSwitch,
-        SLOT_OF_MAP,
+        SLOT_OF_MAP, SlotCounters,
     },
     drops::{DROP_NAMES, DROPS_MAP},
     lifecycle::EVENTS_MAP,
     memory::PROCESS_PEAKS_MAP,
     net::{
-        ENDPOINT_COUNTS_MAP, ENDPOINTS_MAP, EndpointKey, EndpointStats, NET_STATS_MAP, NetStats,
+        ENDPOINT_COUNTS_MAP, ENDPOINT_SLOT_OF_MAP, ENDPOINT_SLOTS_MAP, ENDPOINTS_MAP, EndpointKey,
+        EndpointSlot, EndpointStats, FREE_ENDPOINT_SLOTS_MAP, NET_STATS_MAP, NetStats,
         PROCESS_ENDPOINT_COUNTS_MAP, PROCESS_ENDPOINTS_MAP,
     },
     process::{PROCESS_CPU_MAP, PROCESS_EVENTS_MAP, PROCESS_NET_MAP, ProcessBytes},
@@ -72,12 +73,14 @@ type ProcessEndpointMaps = (
 pub struct KernelCollector {
     cpu_stats: PerCpuHashMap<MapData, u64, CpuStats>,
     /// The fast path's slots (absent from an older pin set).
-    cpu_slots: Option<SlotMaps>,
+    cpu_slots: Option<SlotMaps<SlotCounters>>,
     /// Socket counters per CPU of the workers with slots, from the last read of the slots.
     slot_net: Vec<(u64, Vec<NetStats>)>,
     net_stats: PerCpuHashMap<MapData, u64, NetStats>,
     endpoints: PerCpuHashMap<MapData, EndpointKey, EndpointStats>,
     endpoint_counts: aya::maps::HashMap<MapData, u64, u64>,
+    /// The endpoints' fast path (absent from an older pin set).
+    endpoint_slots: Option<SlotMaps<EndpointSlot>>,
     /// Each worker's socket calls at the last read of `endpoints`, and what that read gave:
     /// every endpoint update comes with a socket call, so while the calls stand still the
     /// endpoints do too, and the read (a scan of the map's every bucket) is skipped.
@@ -152,6 +155,11 @@ impl KernelCollector {
             .with_context(|| format!("map {ENDPOINTS_MAP}"))?;
         let endpoint_counts = aya::maps::HashMap::try_from(take(ENDPOINT_COUNTS_MAP)?)
             .with_context(|| format!("map {ENDPOINT_COUNTS_MAP}"))?;
+        let endpoint_slots = SlotMaps::new(
+            take(ENDPOINT_SLOTS_MAP).ok(),
+            take(ENDPOINT_SLOT_OF_MAP).ok(),
+            take(FREE_ENDPOINT_SLOTS_MAP).ok(),
+        );
         let last_switch = PerCpuArray::try_from(take(LAST_SWITCH_MAP)?)
             .with_context(|| format!("map {LAST_SWITCH_MAP}"))?;
         let events = RingReader::start(
@@ -202,6 +210,7 @@ impl KernelCollector {
             net_stats,
             endpoints,
             endpoint_counts,
+            endpoint_slots,
             endpoints_read_at_calls: std::collections::HashMap::new(),
             last_endpoints: Vec::new(),
             process_endpoint_maps,
@@ -270,10 +279,7 @@ impl Source for KernelCollector {
         if self.measured.endpoints {
             // Read after the calls: a call in between is in both by the next read.
             if calls != self.endpoints_read_at_calls {
-                self.last_endpoints = read_all(&self.endpoints, self.cpus)?
-                    .into_iter()
-                    .map(|(key, per_cpu)| sum_endpoint(key, &per_cpu))
-                    .collect();
+                self.last_endpoints = self.read_endpoints()?;
                 self.endpoints_read_at_calls = calls;
             }
             for endpoint in &self.last_endpoints {
@@ -412,16 +418,7 @@ impl KernelCollector {
             }
         }
         if self.measured.endpoints {
-            // Its endpoints are found by a read of the whole map: exits are rare beside ticks.
-            for (key, per_cpu) in read_all(&self.endpoints, self.cpus).unwrap_or_default() {
-                if key.cgroup_id == cgroup_id {
-                    worker.endpoints.push(sum_endpoint(key, &per_cpu));
-                    let _ = self.endpoints.remove(&key);
-                }
-            }
-            let _ = self.endpoint_counts.remove(&cgroup_id);
-            self.last_endpoints.retain(|e| e.key.cgroup_id != cgroup_id);
-            self.endpoints_read_at_calls.remove(&cgroup_id);
+            worker.endpoints = self.take_endpoints(cgroup_id);
         }
         // Free the entries: the cgroup is gone and its id will not come back.
         let _ = self.cpu_stats.remove(&cgroup_id);
@@ -439,12 +436,28 @@ impl KernelCollector {
         self.cpu_slots.as_ref()?.slot_of(cgroup_id)
     }
 
+    /// The slots of the endpoints' fast path that hold the worker's endpoints (none: they
+    /// are in the endpoint hash, or endpoints are not measured).
+    pub fn endpoint_slots_of(&self, cgroup_id: u64) -> Vec<u32> {
+        let Some(slots) = self.endpoint_slots.as_ref() else {
+            return Vec::new();
+        };
+        let owners = slots.read_all(self.cpus).unwrap_or_default();
+        owners
+            .into_iter()
+            .filter(|(key, _)| key.cgroup_id == cgroup_id)
+            .filter_map(|(key, _)| slots.slot_of(key))
+            .collect()
+    }
+
     /// Frees what the programs keep for a removed cgroup no one reports on (its slot, its
     /// hash entries), as [`KernelCollector::finish`] does for a worker.
     pub fn discard(&mut self, cgroup_id: u64) {
         let _ = self.cpu_stats.remove(&cgroup_id);
         let _ = self.net_stats.remove(&cgroup_id);
-        let _ = self.endpoint_counts.remove(&cgroup_id);
+        if self.measured.endpoints {
+            let _ = self.take_endpoints(cgroup_id);
+        }
         let _ = self.process_peaks.remove(&cgroup_id);
         if let Some(slots) = self.cpu_slots.as_mut() {
             let _ = slots.finish(cgroup_id, self.cpus);
@@ -454,6 +467,79 @@ impl KernelCollector {
         self.mark_finished(cgroup_id);
         self.cgroups.forget(cgroup_id);
         self.names.forget(cgroup_id);
+    }
+
+    /// Every worker's endpoints: their slots' and their hash entries' (an endpoint may have
+    /// both, e.g. a slot taken after the hash took its first calls), summed by endpoint.
+    /// Entries of workers already summarised are freed unreported, as `free_late_counters`
+    /// does for their CPU counters.
+    fn read_endpoints(&mut self) -> anyhow::Result<Vec<EndpointDelta>> {
+        let slotted = match &self.endpoint_slots {
+            Some(slots) => slots.read_all(self.cpus)?,
+            None => Vec::new(),
+        };
+        let slotted = slotted.into_iter().map(|(key, per_cpu)| {
+            let stats: Vec<EndpointStats> = per_cpu.iter().map(|slot| slot.stats).collect();
+            (key, stats)
+        });
+        let mut by_key: std::collections::BTreeMap<EndpointKey, EndpointStats> =
+            std::collections::BTreeMap::new();
+        let mut late = Vec::new();
+        for (key, per_cpu) in read_all(&self.endpoints, self.cpus)?
+            .into_iter()
+            .chain(slotted)
+        {
+            if self.finished_ids.contains(&key.cgroup_id) {
+                late.push(key.cgroup_id);
+                continue;
+            }
+            let sum = by_key.entry(key).or_default();
+            crate::model::endpoints::add_stats(sum, &sum_endpoint(key, &per_cpu).stats);
+        }
+        late.sort_unstable();
+        late.dedup();
+        for cgroup_id in late {
+            let _ = self.take_endpoints(cgroup_id);
+        }
+        Ok(by_key
+            .into_iter()
+            .map(|(key, stats)| EndpointDelta { key, stats })
+            .collect())
+    }
+
+    /// A removed worker's endpoints, from one read of the whole hash and of the slots (exits
+    /// are rare beside ticks); its entries and slots are freed.
+    fn take_endpoints(&mut self, cgroup_id: u64) -> Vec<EndpointDelta> {
+        let mut by_key: std::collections::BTreeMap<EndpointKey, EndpointStats> =
+            std::collections::BTreeMap::new();
+        for (key, per_cpu) in read_all(&self.endpoints, self.cpus).unwrap_or_default() {
+            if key.cgroup_id == cgroup_id {
+                let sum = by_key.entry(key).or_default();
+                crate::model::endpoints::add_stats(sum, &sum_endpoint(key, &per_cpu).stats);
+                let _ = self.endpoints.remove(&key);
+            }
+        }
+        if let Some(slots) = self.endpoint_slots.as_mut() {
+            let keys = slots.read_all(self.cpus).unwrap_or_default();
+            for (key, _) in keys {
+                if key.cgroup_id != cgroup_id {
+                    continue;
+                }
+                if let Some(per_cpu) = slots.finish(key, self.cpus) {
+                    let sum = by_key.entry(key).or_default();
+                    for on_cpu in &per_cpu {
+                        crate::model::endpoints::add_stats(sum, &on_cpu.stats);
+                    }
+                }
+            }
+        }
+        let _ = self.endpoint_counts.remove(&cgroup_id);
+        self.last_endpoints.retain(|e| e.key.cgroup_id != cgroup_id);
+        self.endpoints_read_at_calls.remove(&cgroup_id);
+        by_key
+            .into_iter()
+            .map(|(key, stats)| EndpointDelta { key, stats })
+            .collect()
     }
 
     /// Remembers a cgroup whose counters were taken or freed (see `finished`).
@@ -740,7 +826,6 @@ impl KernelCollector {
     }
 }
 
-/// One endpoint's counters summed over CPUs.
 /// Adds counters CPU by CPU.
 fn add_per_cpu(sum: &mut Vec<CpuStats>, add: &[CpuStats]) {
     if sum.len() < add.len() {
@@ -751,6 +836,7 @@ fn add_per_cpu(sum: &mut Vec<CpuStats>, add: &[CpuStats]) {
     }
 }
 
+/// One endpoint's counters summed over CPUs.
 fn sum_endpoint(key: EndpointKey, per_cpu: &[EndpointStats]) -> EndpointDelta {
     let mut stats = EndpointStats::default();
     for on_cpu in per_cpu {

@@ -259,3 +259,68 @@ fn more_endpoints_than_the_bound_go_to_other_and_totals_stay_exact() {
         "{other}"
     );
 }
+
+#[test]
+fn endpoints_beyond_the_slots_and_in_reused_slots_are_counted_exactly() {
+    // More peers than slots: each worker's first endpoints take slots, the rest go to the
+    // hash. The slots are given back when the worker is finished, so every round gets some;
+    // two may be taken meanwhile by the node's own sockets for good.
+    const SLOTS: u32 = 3;
+    const PEERS: usize = 5;
+    let mut collector = workerprobe_tests::collector_with(workerprobe::loader::LoadOptions {
+        endpoint_slots: Some(SLOTS),
+        ..Default::default()
+    });
+    // Peers that never read: only the workers' sends take endpoints.
+    let peers: Vec<std::net::UdpSocket> = (0..PEERS)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("bind udp"))
+        .collect();
+    for round in 0..3 {
+        let worker = TestCgroup::new(&format!("endpoint-slots-{round}"));
+        let mut sent = Vec::new();
+        for (index, peer) in peers.iter().enumerate() {
+            let addr = peer.local_addr().expect("addr");
+            let bytes = (1_000 * (index + 1)).to_string();
+            let child = worker.spawn_workload(&["send", "udp", &addr.to_string(), &bytes, "100"]);
+            let output = child.wait_with_output().expect("wait");
+            assert!(output.status.success(), "send to {addr}");
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let counted: serde_json::Value =
+                serde_json::from_str(stdout.lines().last().expect("output")).expect("JSON");
+            sent.push((addr.port(), counted));
+        }
+        let slots = collector.endpoint_slots_of(worker.id);
+        let sample = collector.sample().expect("sample");
+        let live = sample.workers.get(&worker.id).expect("worker sampled");
+        let id = worker.id;
+        drop(worker);
+        let finished = collector.finish(id).expect("worker counted");
+        eprintln!("round {round}: slots {slots:?}");
+        assert!(
+            !slots.is_empty() && slots.len() < PEERS,
+            "round {round}: slots {slots:?} (a slot given back and not reused leaves none)"
+        );
+        for (name, endpoints) in [
+            ("sampled", &live.endpoints),
+            ("finished", &finished.endpoints),
+        ] {
+            assert_eq!(endpoints.len(), PEERS, "{name}: {endpoints:?}");
+            for (port, counted) in &sent {
+                let ours = endpoints
+                    .iter()
+                    .find(|e| e.key.port == *port)
+                    .unwrap_or_else(|| panic!("{name}: no endpoint :{port} in {endpoints:?}"));
+                assert_eq!(
+                    ours.stats.sent_bytes,
+                    field(counted, "sent_bytes"),
+                    "{name} :{port}"
+                );
+                assert_eq!(
+                    ours.stats.sent_calls,
+                    field(counted, "sent_calls"),
+                    "{name} :{port}"
+                );
+            }
+        }
+    }
+}

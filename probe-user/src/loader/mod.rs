@@ -150,6 +150,10 @@ pub struct LoadOptions {
     /// `probe_common::cpu::fast_slots` allows); workers beyond them use the hashes. 0: every
     /// worker uses the hashes (the design before slots, for benchmarks).
     pub cpu_slots: Option<u32>,
+    /// Slots of the endpoints' fast path (default: as many as
+    /// `probe_common::net::fast_endpoint_slots` allows); endpoints beyond them use the
+    /// endpoint hash. 0: every endpoint uses the hash (the design before, for benchmarks).
+    pub endpoint_slots: Option<u32>,
 }
 
 impl Default for LoadOptions {
@@ -162,6 +166,7 @@ impl Default for LoadOptions {
             max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
             processes: false,
             cpu_slots: None,
+            endpoint_slots: None,
         }
     }
 }
@@ -251,16 +256,15 @@ fn attach_unpinned(options: &LoadOptions) -> anyhow::Result<Probe> {
 /// Fills the fresh stack of free slots, lowest on top: workers take the lowest slots first and
 /// get back the ones given back last, so the slots in use stay few and low (user space reads
 /// the array only up to the highest one in use).
-fn free_every_slot(ebpf: &mut Ebpf, slots: u32) -> anyhow::Result<()> {
-    use probe_common::cpu::FREE_SLOTS_MAP;
+fn free_every_slot(ebpf: &mut Ebpf, stack: &str, slots: u32) -> anyhow::Result<()> {
     let map = ebpf
-        .map_mut(FREE_SLOTS_MAP)
-        .with_context(|| format!("map {FREE_SLOTS_MAP} missing from the eBPF object"))?;
+        .map_mut(stack)
+        .with_context(|| format!("map {stack} missing from the eBPF object"))?;
     let mut free: aya::maps::Stack<_, u32> =
-        aya::maps::Stack::try_from(map).with_context(|| format!("map {FREE_SLOTS_MAP}"))?;
+        aya::maps::Stack::try_from(map).with_context(|| format!("map {stack}"))?;
     for slot in (0..slots).rev() {
         free.push(slot, 0)
-            .with_context(|| format!("filling map {FREE_SLOTS_MAP}"))?;
+            .with_context(|| format!("filling map {stack}"))?;
     }
     Ok(())
 }
@@ -347,6 +351,14 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     let slots = options
         .cpu_slots
         .unwrap_or_else(|| probe_common::cpu::fast_slots(possible_cpus, options.max_workers));
+    // Without endpoints the programs never take one: no memory for them.
+    let endpoint_slots = if plan.measured().endpoints {
+        options.endpoint_slots.unwrap_or_else(|| {
+            probe_common::net::fast_endpoint_slots(possible_cpus, options.max_endpoints)
+        })
+    } else {
+        0
+    };
     let processes_on = u32::from(options.processes);
     let process_offsets = process.values();
     let for_processes = |size: u32, smallest: u32| {
@@ -450,10 +462,24 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         .map_max_entries(probe_common::net::NET_STATS_MAP, options.max_workers)
         .map_max_entries(probe_common::net::ENDPOINTS_MAP, options.max_endpoints)
         .map_max_entries(probe_common::net::ENDPOINT_COUNTS_MAP, options.max_workers)
+        .map_max_entries(probe_common::net::ENDPOINT_SLOTS_MAP, endpoint_slots.max(1))
+        .map_max_entries(
+            probe_common::net::ENDPOINT_SLOT_OF_MAP,
+            endpoint_slots.max(1),
+        )
+        .map_max_entries(
+            probe_common::net::FREE_ENDPOINT_SLOTS_MAP,
+            endpoint_slots.max(1),
+        )
         .load(EBPF_OBJECT)
         .map_err(|err| classify_load_error(err.into()))?;
     let mut ebpf = ebpf;
-    free_every_slot(&mut ebpf, slots)?;
+    free_every_slot(&mut ebpf, probe_common::cpu::FREE_SLOTS_MAP, slots)?;
+    free_every_slot(
+        &mut ebpf,
+        probe_common::net::FREE_ENDPOINT_SLOTS_MAP,
+        endpoint_slots,
+    )?;
     Ok(Loaded {
         ebpf,
         btf,

@@ -32,7 +32,10 @@ use probe_common::{
     drops::DROPS_MAP,
     lifecycle::EVENTS_MAP,
     memory::PROCESS_PEAKS_MAP,
-    net::{ENDPOINT_COUNTS_MAP, ENDPOINTS_MAP, NET_STATS_MAP},
+    net::{
+        ENDPOINT_COUNTS_MAP, ENDPOINT_SLOT_OF_MAP, ENDPOINT_SLOTS_MAP, ENDPOINTS_MAP,
+        FREE_ENDPOINT_SLOTS_MAP, NET_STATS_MAP,
+    },
 };
 use serde::{Deserialize, Serialize};
 
@@ -46,13 +49,14 @@ use crate::error::UserError;
 pub const META: &str = "meta";
 /// Version of the pin set's layout; a set of another version is refused. 3: lifecycle events
 /// carry the memory cgroup's peak, and process peaks have a map. 4: most workers' counters are
-/// in the slot maps (a format-3 agent would miss them).
-pub const FORMAT_VERSION: u32 = 4;
-/// Older formats this agent still reads: a format-3 set has no slot maps, and every worker's
-/// counters are in the hashes.
-const READABLE_FORMATS: [u32; 2] = [3, FORMAT_VERSION];
+/// in the slot maps (a format-3 agent would miss them). 5: most endpoints are in the endpoint
+/// slot maps.
+pub const FORMAT_VERSION: u32 = 5;
+/// Older formats this agent still reads: a format-3 set has no slot maps, a format-4 set no
+/// endpoint slot maps, and their counters are in the hashes.
+const READABLE_FORMATS: [u32; 3] = [3, 4, FORMAT_VERSION];
 /// The maps the collector reads, pinned under their own names.
-pub const PINNED_MAPS: [&str; 11] = [
+pub const PINNED_MAPS: [&str; 14] = [
     CPU_STATS_MAP,
     CPU_SLOTS_MAP,
     SLOT_OF_MAP,
@@ -63,6 +67,9 @@ pub const PINNED_MAPS: [&str; 11] = [
     EVENTS_MAP,
     ENDPOINTS_MAP,
     ENDPOINT_COUNTS_MAP,
+    ENDPOINT_SLOTS_MAP,
+    ENDPOINT_SLOT_OF_MAP,
+    FREE_ENDPOINT_SLOTS_MAP,
     PROCESS_PEAKS_MAP,
 ];
 

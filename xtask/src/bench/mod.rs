@@ -72,10 +72,11 @@ pub fn cpu_owner() -> String {
     "workerprobe --programs floor,cpu".to_owned()
 }
 
-/// The agent arguments for `groups` with no slots: every worker's counters through the hash
-/// maps, as before the slots (the per-event section measures both in one window).
+/// The agent arguments for `groups` with no slots: every worker's counters and every
+/// endpoint's through the hash maps, as before the slots (the per-event section measures both
+/// in one window).
 pub fn hashes_only(groups: &str) -> String {
-    format!("{groups} --cpu-slots 0")
+    format!("{groups} --cpu-slots 0 --endpoint-slots 0")
 }
 
 /// Owner label of the per-event section's second agent: every group.

@@ -22,7 +22,6 @@ struct Target {
     why: String,
 }
 
-/// The whole report.
 /// The report. `previous` is the file it replaces: the VM matrix's per-event section, which
 /// `cargo xtask vm-test --update-docs` writes, is carried over as it is.
 pub fn render(r: &Results, previous: Option<&str>) -> String {
@@ -162,8 +161,9 @@ fn per_event_section(out: &mut String, r: &Results) {
         out,
         "`kernel.bpf_stats_enabled=1`; Δrun_time_ns / Δrun_cnt of each program over a pinned \
          sched pipe plus a loopback request/response load, with workerprobe (every group; every \
-         group but waits and endpoints; every group with `--cpu-slots 0`, i.e. every worker \
-         through the hash maps as before the slots; the empty `switch_floor`) and bpftrace \
+         group but waits and endpoints; every group with `--cpu-slots 0 --endpoint-slots 0`, \
+         i.e. every worker and endpoint through the hash maps as before the slots; the empty \
+         `switch_floor`) and bpftrace \
          attached in the same window. Includes the stats' own clock reads. bpftrace's programs are classic tracepoints, whose dispatch \
          (argument copy into the perf buffer) is not in run_time_ns; the A/B tables show \
          that cost.\n"
@@ -201,7 +201,8 @@ fn per_event_section(out: &mut String, r: &Results) {
         out,
         r,
         "What the slots save per event (each worker's counters in a per-CPU array slot the \
-         thread remembers, instead of a per-CPU hash looked up by cgroup id at every event)",
+         thread remembers, and each endpoint's in one its socket remembers, instead of per-CPU \
+         hashes looked up by cgroup id or by peer at every event)",
         &all_owner(&hashes_only(&r.all_groups)),
         &all,
     );
