@@ -24,11 +24,12 @@ pub const SLOT_MEMORY_BYTES: usize = 8 << 20;
 /// Slots of the per-CPU slot array for `possible_cpus`: within [`SLOT_MEMORY_BYTES`], at least
 /// 64, at most `max_workers`.
 pub fn fast_slots(possible_cpus: usize, max_workers: u32) -> u32 {
-    let per_slot = core::mem::size_of::<SlotCounters>() * possible_cpus.max(1);
-    let slots = (SLOT_MEMORY_BYTES / per_slot).max(64);
-    u32::try_from(slots)
-        .unwrap_or(u32::MAX)
-        .min(max_workers.max(1))
+    crate::slots_within(
+        SLOT_MEMORY_BYTES,
+        core::mem::size_of::<SlotCounters>(),
+        possible_cpus,
+        max_workers,
+    )
 }
 
 /// One slot of [`CPU_SLOTS_MAP`] on one CPU: whose counters these are, and the counters.

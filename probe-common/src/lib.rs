@@ -16,3 +16,17 @@ pub mod wait;
 /// Default number of cgroups each per-cgroup map holds (changeable at load time).
 pub const DEFAULT_MAX_WORKERS: u32 = 16_384;
 pub mod lifecycle;
+
+/// Slots of a per-CPU slot array whose slot takes `slot_bytes` on each of `possible_cpus`:
+/// within `memory_bytes` over all CPUs (the array is allocated whole at load, so the slots
+/// shrink as CPUs grow), at least 64, at most `most`.
+pub fn slots_within(
+    memory_bytes: usize,
+    slot_bytes: usize,
+    possible_cpus: usize,
+    most: u32,
+) -> u32 {
+    let per_slot = slot_bytes * possible_cpus.max(1);
+    let slots = (memory_bytes / per_slot).max(64);
+    u32::try_from(slots).unwrap_or(u32::MAX).min(most.max(1))
+}

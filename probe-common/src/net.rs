@@ -174,15 +174,21 @@ pub const FREE_ENDPOINT_SLOTS_MAP: &str = "FREE_ENDPOINT_SLOTS";
 
 /// Kernel memory the endpoint slot array may take, all CPUs together (allocated whole at load).
 pub const ENDPOINT_SLOT_MEMORY_BYTES: usize = 4 << 20;
+/// Most endpoint slots, whatever the memory allows: the loader fills the free-slot stack one
+/// system call per slot (about 1.7 µs each here: 26,214 slots on 2 CPUs took 45 ms of the
+/// start), and 8,192 is 128 workers with 64 peers each; more pairs use the hash.
+pub const MOST_ENDPOINT_SLOTS: u32 = 8_192;
 
 /// Slots of the endpoint slot array for `possible_cpus`: within
-/// [`ENDPOINT_SLOT_MEMORY_BYTES`], at least 64, at most `max_endpoints`.
+/// [`ENDPOINT_SLOT_MEMORY_BYTES`], at least 64, at most [`MOST_ENDPOINT_SLOTS`] and
+/// `max_endpoints`.
 pub fn fast_endpoint_slots(possible_cpus: usize, max_endpoints: u32) -> u32 {
-    let per_slot = core::mem::size_of::<EndpointSlot>() * possible_cpus.max(1);
-    let slots = (ENDPOINT_SLOT_MEMORY_BYTES / per_slot).max(64);
-    u32::try_from(slots)
-        .unwrap_or(u32::MAX)
-        .min(max_endpoints.max(1))
+    crate::slots_within(
+        ENDPOINT_SLOT_MEMORY_BYTES,
+        core::mem::size_of::<EndpointSlot>(),
+        possible_cpus,
+        max_endpoints.min(MOST_ENDPOINT_SLOTS),
+    )
 }
 
 /// One slot of [`ENDPOINT_SLOTS_MAP`] on one CPU: whose counters these are, and the counters.
@@ -208,8 +214,13 @@ mod tests {
 
     #[test]
     fn endpoint_slots_fit_their_memory_within_their_bounds() {
-        let two_cpus = fast_endpoint_slots(2, u32::MAX);
-        assert_eq!(two_cpus as usize, ENDPOINT_SLOT_MEMORY_BYTES / (2 * 80));
+        // 2 CPUs: the memory would allow 26,214; the fill's cost caps them.
+        assert_eq!(fast_endpoint_slots(2, 65_536), MOST_ENDPOINT_SLOTS);
+        // 64 CPUs: as many as 4 MiB holds.
+        assert_eq!(
+            fast_endpoint_slots(64, 65_536) as usize,
+            ENDPOINT_SLOT_MEMORY_BYTES / (64 * 80)
+        );
         assert_eq!(fast_endpoint_slots(4_096, 65_536), 64);
         assert_eq!(fast_endpoint_slots(2, 100), 100);
         assert_eq!(fast_endpoint_slots(0, 1_000), fast_endpoint_slots(1, 1_000));

@@ -9,6 +9,7 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 mod lifecycle;
+mod local_storage;
 mod net;
 mod process;
 mod sched;

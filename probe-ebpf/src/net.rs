@@ -17,8 +17,6 @@
 //! Payload bytes either way, so they match what the application wrote and read, whatever the
 //! network namespace.
 
-use core::ffi::c_void;
-
 use aya_ebpf::{
     Global,
     helpers::{bpf_get_current_task_btf, generated::bpf_sk_storage_get},
@@ -36,6 +34,7 @@ use probe_common::{
 };
 
 use crate::{
+    local_storage::{LocalStorage, SK_STORAGE},
     sched::{BPF_F_NO_PREALLOC, BPF_NOEXIST, count_drop},
     task,
 };
@@ -79,30 +78,9 @@ pub struct SockEndpoint {
     reserved: u32,
 }
 
-/// `BPF_MAP_TYPE_SK_STORAGE` definition in the BTF map layout (aya-ebpf's `SkStorage` takes
-/// only a sock_addr program's context).
-#[repr(C)]
-pub struct SockStorage {
-    r#type: *const [i32; 24],
-    key: *const i32,
-    value: *const SockEndpoint,
-    max_entries: *const [i32; 0],
-    /// BPF_F_NO_PREALLOC, required for local storage.
-    map_flags: *const [i32; 1],
-}
-
-// SAFETY: placeholder pointers the loader reads as BTF, never dereferenced.
-unsafe impl Sync for SockStorage {}
-
 /// Per-socket endpoint hint, freed with the socket.
 #[btf_map]
-static SOCK_ENDPOINT: SockStorage = SockStorage {
-    r#type: core::ptr::null(),
-    key: core::ptr::null(),
-    value: core::ptr::null(),
-    max_entries: core::ptr::null(),
-    map_flags: core::ptr::null(),
-};
+static SOCK_ENDPOINT: LocalStorage<SockEndpoint, SK_STORAGE> = LocalStorage::new();
 
 /// `SockEndpoint::slot` of a socket whose endpoint has no slot (its counters are in
 /// `ENDPOINTS`): past the array's end, so no lookup succeeds.
@@ -405,7 +383,7 @@ fn endpoint_slot(call: &Call, key: &EndpointKey) -> Option<*mut EndpointSlot> {
     // returns null for one that is not a full socket).
     let hint = unsafe {
         bpf_sk_storage_get(
-            &SOCK_ENDPOINT as *const SockStorage as *mut c_void,
+            SOCK_ENDPOINT.as_ptr(),
             call.sock as *mut _,
             core::ptr::null_mut(),
             SK_STORAGE_F_CREATE,
@@ -464,18 +442,12 @@ fn take_endpoint_slot(key: &EndpointKey) -> Option<u32> {
     if unsafe { core::ptr::read_volatile(count) } >= u64::from(ENDPOINTS_PER_WORKER.load()) {
         return None;
     }
-    let slot = FREE_ENDPOINT_SLOTS.pop().ok().flatten()?;
-    if ENDPOINT_SLOT_OF
-        .insert(key, u64::from(slot), BPF_NOEXIST)
-        .is_ok()
-    {
+    let (slot, taken) = crate::sched::take_free_slot(&FREE_ENDPOINT_SLOTS, &ENDPOINT_SLOT_OF, key)?;
+    if taken {
         // SAFETY: as above (not atomic: see `first_use`).
         unsafe { *count += 1 };
-        return Some(slot);
     }
-    let _ = FREE_ENDPOINT_SLOTS.push(slot, 0);
-    // SAFETY: as above.
-    unsafe { ENDPOINT_SLOT_OF.get(key) }.map(|&slot| slot as u32)
+    Some(slot)
 }
 
 /// The owner's count of endpoints, made (zero) if missing.

@@ -430,16 +430,24 @@ fn slot_counters(cgroup_id: u64, take: bool) -> Option<(u32, *mut SlotCounters)>
 /// Takes a free slot for the cgroup; if another CPU just gave it one, that one.
 #[inline(always)]
 fn take_slot(cgroup_id: u64) -> Option<u32> {
-    let slot = FREE_SLOTS.pop().ok().flatten()?;
-    if SLOT_OF
-        .insert(cgroup_id, u64::from(slot), BPF_NOEXIST)
-        .is_ok()
-    {
-        return Some(slot);
+    take_free_slot(&FREE_SLOTS, &SLOT_OF, &cgroup_id).map(|(slot, _)| slot)
+}
+
+/// Takes a slot from `free` for `owner` and names it in `slot_of`; if another CPU just gave
+/// the owner one, that one. The flag says whether the slot was taken here.
+#[inline(always)]
+pub(crate) fn take_free_slot<K>(
+    free: &Stack<u32>,
+    slot_of: &HashMap<K, u64>,
+    owner: &K,
+) -> Option<(u32, bool)> {
+    let slot = free.pop().ok().flatten()?;
+    if slot_of.insert(owner, u64::from(slot), BPF_NOEXIST).is_ok() {
+        return Some((slot, true));
     }
-    let _ = FREE_SLOTS.push(slot, 0);
-    // SAFETY: as above.
-    unsafe { SLOT_OF.get(cgroup_id) }.map(|&slot| slot as u32)
+    let _ = free.push(slot, 0);
+    // SAFETY: a plain hash value, read whole.
+    unsafe { slot_of.get(owner) }.map(|&slot| (slot as u32, false))
 }
 
 /// `TaskState::slot` of a task whose cgroup has no slot (its counters are in the hashes).

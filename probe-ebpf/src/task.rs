@@ -4,8 +4,6 @@
 //! Loads through the tracepoints' task pointers are checked by the verifier against BTF and
 //! cost a few nanoseconds; `bpf_get_current_cgroup_id` cost ~45 ns per call here.
 
-use core::ffi::c_void;
-
 use aya_ebpf::{
     Global,
     helpers::{
@@ -14,6 +12,8 @@ use aya_ebpf::{
     },
     macros::btf_map,
 };
+
+use crate::local_storage::{LocalStorage, TASK_STORAGE};
 
 #[unsafe(no_mangle)]
 static TASK_SUM_EXEC_RUNTIME_OFFSET: Global<u32> = Global::new(0);
@@ -349,30 +349,9 @@ pub const BLOCKED_IO: u32 = 1;
 /// In any other sleep (S, idle kernel waits).
 pub const SLEEPING: u32 = 2;
 
-/// `BPF_MAP_TYPE_TASK_STORAGE` definition in the BTF map layout (aya 0.14 has no type for
-/// it; the loader passes it through with `allow_unsupported_maps`).
-#[repr(C)]
-pub struct TaskStorage {
-    r#type: *const [i32; 29],
-    key: *const i32,
-    value: *const TaskState,
-    max_entries: *const [i32; 0],
-    /// BPF_F_NO_PREALLOC, required for local storage.
-    map_flags: *const [i32; 1],
-}
-
-// SAFETY: placeholder pointers the loader reads as BTF, never dereferenced.
-unsafe impl Sync for TaskStorage {}
-
 /// Per-task state.
 #[btf_map]
-static TASK_STATE: TaskStorage = TaskStorage {
-    r#type: core::ptr::null(),
-    key: core::ptr::null(),
-    value: core::ptr::null(),
-    max_entries: core::ptr::null(),
-    map_flags: core::ptr::null(),
-};
+static TASK_STATE: LocalStorage<TaskState, TASK_STORAGE> = LocalStorage::new();
 
 /// `BPF_LOCAL_STORAGE_GET_F_CREATE`.
 const F_CREATE: u64 = 1;
@@ -383,7 +362,7 @@ pub fn existing_state(task: Task) -> Option<&'static mut TaskState> {
     // SAFETY: as in `state`, without F_CREATE.
     let value = unsafe {
         bpf_task_storage_get(
-            &TASK_STATE as *const TaskStorage as *mut c_void,
+            TASK_STATE.as_ptr(),
             task as *mut _,
             core::ptr::null_mut(),
             0,
@@ -400,7 +379,7 @@ pub fn state(task: Task) -> Option<&'static mut TaskState> {
     // SAFETY: the map pointer is our task storage; `task` is a BTF task pointer.
     let value = unsafe {
         bpf_task_storage_get(
-            &TASK_STATE as *const TaskStorage as *mut c_void,
+            TASK_STATE.as_ptr(),
             task as *mut _,
             core::ptr::null_mut(),
             F_CREATE,

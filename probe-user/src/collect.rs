@@ -478,68 +478,42 @@ impl KernelCollector {
             Some(slots) => slots.read_all(self.cpus)?,
             None => Vec::new(),
         };
-        let slotted = slotted.into_iter().map(|(key, per_cpu)| {
-            let stats: Vec<EndpointStats> = per_cpu.iter().map(|slot| slot.stats).collect();
-            (key, stats)
-        });
-        let mut by_key: std::collections::BTreeMap<EndpointKey, EndpointStats> =
-            std::collections::BTreeMap::new();
-        let mut late = Vec::new();
-        for (key, per_cpu) in read_all(&self.endpoints, self.cpus)?
+        let (late, live): (Vec<_>, Vec<_>) = read_all(&self.endpoints, self.cpus)?
             .into_iter()
-            .chain(slotted)
-        {
-            if self.finished_ids.contains(&key.cgroup_id) {
-                late.push(key.cgroup_id);
-                continue;
-            }
-            let sum = by_key.entry(key).or_default();
-            crate::model::endpoints::add_stats(sum, &sum_endpoint(key, &per_cpu).stats);
-        }
+            .chain(slotted.into_iter().map(slot_stats))
+            .partition(|(key, _)| self.finished_ids.contains(&key.cgroup_id));
+        let mut late: Vec<u64> = late.iter().map(|(key, _)| key.cgroup_id).collect();
         late.sort_unstable();
         late.dedup();
         for cgroup_id in late {
             let _ = self.take_endpoints(cgroup_id);
         }
-        Ok(by_key
-            .into_iter()
-            .map(|(key, stats)| EndpointDelta { key, stats })
-            .collect())
+        Ok(sum_by_endpoint(live))
     }
 
     /// A removed worker's endpoints, from one read of the whole hash and of the slots (exits
     /// are rare beside ticks); its entries and slots are freed.
     fn take_endpoints(&mut self, cgroup_id: u64) -> Vec<EndpointDelta> {
-        let mut by_key: std::collections::BTreeMap<EndpointKey, EndpointStats> =
-            std::collections::BTreeMap::new();
+        let mut entries = Vec::new();
         for (key, per_cpu) in read_all(&self.endpoints, self.cpus).unwrap_or_default() {
             if key.cgroup_id == cgroup_id {
-                let sum = by_key.entry(key).or_default();
-                crate::model::endpoints::add_stats(sum, &sum_endpoint(key, &per_cpu).stats);
                 let _ = self.endpoints.remove(&key);
+                entries.push((key, per_cpu));
             }
         }
         if let Some(slots) = self.endpoint_slots.as_mut() {
-            let keys = slots.read_all(self.cpus).unwrap_or_default();
-            for (key, _) in keys {
-                if key.cgroup_id != cgroup_id {
-                    continue;
-                }
-                if let Some(per_cpu) = slots.finish(key, self.cpus) {
-                    let sum = by_key.entry(key).or_default();
-                    for on_cpu in &per_cpu {
-                        crate::model::endpoints::add_stats(sum, &on_cpu.stats);
-                    }
+            for (key, _) in slots.read_all(self.cpus).unwrap_or_default() {
+                if key.cgroup_id == cgroup_id
+                    && let Some(per_cpu) = slots.finish(key, self.cpus)
+                {
+                    entries.push(slot_stats((key, per_cpu)));
                 }
             }
         }
         let _ = self.endpoint_counts.remove(&cgroup_id);
         self.last_endpoints.retain(|e| e.key.cgroup_id != cgroup_id);
         self.endpoints_read_at_calls.remove(&cgroup_id);
-        by_key
-            .into_iter()
-            .map(|(key, stats)| EndpointDelta { key, stats })
-            .collect()
+        sum_by_endpoint(entries)
     }
 
     /// Remembers a cgroup whose counters were taken or freed (see `finished`).
@@ -834,6 +808,28 @@ fn add_per_cpu(sum: &mut Vec<CpuStats>, add: &[CpuStats]) {
     for (sum, add) in sum.iter_mut().zip(add) {
         sum.add(add);
     }
+}
+
+/// An endpoint slot's counters per CPU.
+fn slot_stats(
+    (key, per_cpu): (EndpointKey, Vec<EndpointSlot>),
+) -> (EndpointKey, Vec<EndpointStats>) {
+    (key, per_cpu.iter().map(|slot| slot.stats).collect())
+}
+
+/// Endpoints' counters summed over CPUs and by endpoint (one may have both a slot and a hash
+/// entry).
+fn sum_by_endpoint(entries: Vec<(EndpointKey, Vec<EndpointStats>)>) -> Vec<EndpointDelta> {
+    let mut by_key: std::collections::BTreeMap<EndpointKey, EndpointStats> =
+        std::collections::BTreeMap::new();
+    for (key, per_cpu) in entries {
+        let sum = by_key.entry(key).or_default();
+        crate::model::endpoints::add_stats(sum, &sum_endpoint(key, &per_cpu).stats);
+    }
+    by_key
+        .into_iter()
+        .map(|(key, stats)| EndpointDelta { key, stats })
+        .collect()
 }
 
 /// One endpoint's counters summed over CPUs.
