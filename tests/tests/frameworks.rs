@@ -139,19 +139,21 @@ fn each_lithops_call_gets_its_own_record_with_its_true_cpu_and_bytes() {
             "{record}"
         );
         assert!(result["received"].as_u64().unwrap() > DOWNLOAD);
-        // CPU: the runner's rusage (its function process included: it waits for it); the
-        // call's tree also holds the wrapper, whose own CPU is a few milliseconds.
+        // CPU: the whole tree's rusage: the runner's as the wrapper reaped it (its function
+        // process included: it waits for it) and the wrapper's own since its fork, which is
+        // mostly a few milliseconds but was once 24 ms (its time in the Python parent's image
+        // between fork and exec).
         let task = format!("{executor}-{job}/{call_id}.task");
         let runner = rusage
             .iter()
             .find(|(args, _)| args.ends_with(&task))
             .map(|(_, value)| value)
             .unwrap_or_else(|| panic!("no rusage for {task}: {rusage:?}"));
-        let kernel_s = runner["cpu_s"].as_f64().unwrap();
+        let kernel_s = runner["cpu_s"].as_f64().unwrap() + runner["own_cpu_s"].as_f64().unwrap();
         let ours_s = record["worker_func_cpu_time"].as_f64().unwrap();
         assert!(
             (ours_s - kernel_s).abs() <= kernel_s * 0.02,
-            "call {call_id}: CPU {ours_s:.6} s vs the runner's rusage {kernel_s:.6} s: {record}"
+            "call {call_id}: CPU {ours_s:.6} s vs the tree's rusage {kernel_s:.6} s: {record}"
         );
         assert_eq!(
             record["processes"], 3,

@@ -477,11 +477,17 @@ fn rusage_of(dir: &str, command: &[String]) -> ! {
         .expect("start the command");
     let pid = child.id() as i32;
     let (status, usage) = reap_when_off_cpu(pid);
+    // This process's own CPU since its fork, before its exec too (in its parent's image).
+    // SAFETY: a zeroed rusage is valid for getrusage to fill.
+    let mut own: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid out pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut own) };
     let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
     let record = format!(
-        r#"{{"pid":{pid},"args":{:?},"cpu_s":{},"status":{status}}}"#,
+        r#"{{"pid":{pid},"args":{:?},"cpu_s":{},"own_cpu_s":{},"status":{status}}}"#,
         command.join(" "),
-        seconds(usage.ru_utime) + seconds(usage.ru_stime)
+        seconds(usage.ru_utime) + seconds(usage.ru_stime),
+        seconds(own.ru_utime) + seconds(own.ru_stime)
     );
     std::fs::write(format!("{dir}/{pid}.json"), record).expect("write the rusage record");
     std::process::exit(if status & 0x7f == 0 {
