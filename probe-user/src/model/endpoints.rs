@@ -83,7 +83,10 @@ pub fn parse_rule(text: &str) -> Result<EndpointRule, String> {
 
 /// Splits `ADDRESS[:PORT]` (IPv6 addresses in brackets when a port follows).
 fn split_port(target: &str) -> Option<(&str, Option<u16>)> {
-    if let Some(rest) = target.strip_prefix(':') {
+    // `:PORT`, but not a bare IPv6 address that starts with `::` (`::1`, `::/0`).
+    if let Some(rest) = target.strip_prefix(':')
+        && !rest.contains(':')
+    {
         return Some(("", Some(rest.parse().ok()?)));
     }
     if target.starts_with('[') {
@@ -359,6 +362,12 @@ mod tests {
         assert_eq!(v6.network, Some(("fd00::".parse().unwrap(), 8)));
         assert_eq!(v6.port, Some(443));
         assert_eq!(parse_rule("v6b=fd00::/8").unwrap().port, None);
+        // A bare IPv6 address may start with `::`: not a port.
+        let loopback = parse_rule("lo6=::1").unwrap();
+        assert_eq!(loopback.network, Some(("::1".parse().unwrap(), 128)));
+        assert_eq!(loopback.port, None);
+        assert_eq!(parse_rule("all6=::/0").unwrap().network.unwrap().1, 0);
+        assert_eq!(parse_rule("lo6p=[::1]:80").unwrap().port, Some(80));
         for bad in [
             "nothing",
             "=10.0.0.0/8",
