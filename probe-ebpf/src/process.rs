@@ -28,7 +28,7 @@ use probe_common::{
 
 use crate::{
     sched::{BPF_F_NO_PREALLOC, count_drop},
-    task,
+    task::{self, field},
 };
 
 /// Process events, oldest first.
@@ -134,16 +134,6 @@ pub(crate) fn add_wait(state: &mut task::TaskState, slept_ns: u64) {
 fn now_ns() -> u64 {
     // SAFETY: reads a clock.
     unsafe { bpf_ktime_get_ns() }
-}
-
-/// Reads a field of type `T` at `offset` bytes into the object `base` points to.
-///
-/// # Safety
-/// `base` must be a BTF-typed kernel pointer and `offset` a field offset of its type.
-#[inline(always)]
-unsafe fn field<T: Copy>(base: *const u8, offset: u32) -> T {
-    // SAFETY: the verifier turns this into a fault-safe load checked against BTF.
-    unsafe { core::ptr::read_volatile(base.add(offset as usize) as *const T) }
 }
 
 /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`.

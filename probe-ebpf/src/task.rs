@@ -75,12 +75,13 @@ static MEMCG_WATERMARK_OFFSET: Global<u32> = Global::new(0);
 /// A `struct task_struct *` from a tracepoint argument (or the current task).
 pub type Task = *const u8;
 
-/// Reads a field of type `T` at `offset` bytes into the object `base` points to.
+/// Reads a field of type `T` at `offset` bytes into the object `base` points to (a task, or any
+/// BTF-typed kernel object).
 ///
 /// # Safety
 /// `base` must be a BTF-typed kernel pointer and `offset` a field offset of its type.
 #[inline(always)]
-unsafe fn field<T: Copy>(base: *const u8, offset: u32) -> T {
+pub(crate) unsafe fn field<T: Copy>(base: *const u8, offset: u32) -> T {
     // SAFETY: the verifier turns this into a fault-safe load checked against BTF.
     unsafe { core::ptr::read_volatile(base.add(offset as usize) as *const T) }
 }

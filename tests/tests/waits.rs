@@ -152,7 +152,8 @@ fn bytes_and_waits_per_endpoint_are_the_clients() {
     const REQUESTS: usize = 6;
     const DELAY: Duration = Duration::from_millis(200);
     let store = TcpListener::bind("127.0.0.2:0").expect("bind the store on 127.0.0.2");
-    let peer = TcpListener::bind("127.0.0.3:0").expect("bind the peer on 127.0.0.3");
+    // The peer on IPv6, so each family's address is read from the socket and matched.
+    let peer = TcpListener::bind("[::1]:0").expect("bind the peer on ::1");
     let (store_addr, peer_addr) = (
         store.local_addr().expect("addr").to_string(),
         peer.local_addr().expect("addr").to_string(),
@@ -164,7 +165,7 @@ fn bytes_and_waits_per_endpoint_are_the_clients() {
             "--endpoint".into(),
             "store=127.0.0.2/32".into(),
             "--endpoint".into(),
-            "peer=127.0.0.3/32".into(),
+            "peer=::1/128".into(),
         ],
         &[
             "fetch".into(),
