@@ -43,11 +43,13 @@ pub enum SyscallWait {
 pub const fn syscall_wait(nr: i64) -> SyscallWait {
     use SyscallWait::{OnFd, Reason, Unknown};
     match nr {
-        // read, write, pread64, pwrite64, readv, writev, sendfile, connect, accept, sendto,
-        // recvfrom, sendmsg, recvmsg, splice, accept4, preadv, pwritev, recvmmsg, sendmmsg,
+        // connect, accept, sendto, recvfrom, sendmsg, recvmsg, accept4, recvmmsg, sendmmsg:
+        // calls on sockets only (any other descriptor fails before it could sleep), so what
+        // the file's kind would say, without reading it.
+        42 | 43 | 44 | 45 | 46 | 47 | 288 | 299 | 307 => Reason(WAIT_NETWORK),
+        // read, write, pread64, pwrite64, readv, writev, sendfile, splice, preadv, pwritev,
         // preadv2, pwritev2
-        0 | 1 | 17 | 18 | 19 | 20 | 40 | 42 | 43 | 44 | 45 | 46 | 47 | 275 | 288 | 295 | 296
-        | 299 | 307 | 327 | 328 => OnFd,
+        0 | 1 | 17 | 18 | 19 | 20 | 40 | 275 | 295 | 296 | 327 | 328 => OnFd,
         // futex, futex_waitv
         202 | 449 => Reason(WAIT_LOCK),
         // nanosleep, clock_nanosleep
@@ -128,7 +130,10 @@ mod tests {
         assert_eq!(syscall_wait(232), SyscallWait::Reason(WAIT_POLL));
         assert_eq!(syscall_wait(74), SyscallWait::Reason(WAIT_DISK));
         assert_eq!(syscall_wait(0), SyscallWait::OnFd);
-        assert_eq!(syscall_wait(45), SyscallWait::OnFd);
+        assert_eq!(syscall_wait(40), SyscallWait::OnFd);
+        // recvfrom, sendmmsg: sockets only.
+        assert_eq!(syscall_wait(45), SyscallWait::Reason(WAIT_NETWORK));
+        assert_eq!(syscall_wait(307), SyscallWait::Reason(WAIT_NETWORK));
         assert_eq!(syscall_wait(-1), SyscallWait::Unknown);
         assert_eq!(file_wait(0o140777), WAIT_NETWORK);
         assert_eq!(file_wait(0o010600), WAIT_PIPE);

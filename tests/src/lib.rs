@@ -381,10 +381,13 @@ pub fn run_reasons(cgroup: &TestCgroup, before_go: impl FnOnce()) -> (u32, serde
     before_go();
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
-    let mut ping = [0u8; 5];
-    peer.read_exact(&mut ping).expect("ping");
-    std::thread::sleep(Duration::from_millis(500));
-    peer.write_all(b"!").expect("answer");
+    // Two pings (the workload reads one answer with read(2), one with recv(2)).
+    for _ in 0..2 {
+        let mut ping = [0u8; 5];
+        peer.read_exact(&mut ping).expect("ping");
+        std::thread::sleep(Duration::from_millis(250));
+        peer.write_all(b"!").expect("answer");
+    }
     (pid, wait_json(child))
 }
 

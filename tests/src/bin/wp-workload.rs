@@ -26,8 +26,8 @@
 //!   kernel's own run-queue delay of the spinning threads (`/proc/thread-self/schedstat`).
 //! - `fsync DIR COUNT`: COUNT times write 4 KiB to a file in DIR and fsync it (D state).
 //! - `reasons SCRATCH PEER`: after start-up (`ready`, then SIGUSR1, as `nap … wait`), one
-//!   thread waits in turn on a timer (0.5 s nanosleep), the network (recv from PEER, which
-//!   answers when it likes), a lock (held 0.4 s by a spinning thread), a child (spinning
+//!   thread waits in turn on a timer (0.5 s nanosleep), the network (two pings to PEER, which
+//!   answers each when it likes: one answer read with read(2), one with recv(2)), a lock (held 0.4 s by a spinning thread), a child (spinning
 //!   0.3 s), an empty pipe (written after 0.3 s by a spinning thread) and fsync in SCRATCH;
 //!   the helpers never sleep. Prints what each wait took by its own clock, less the time the
 //!   thread meanwhile ran or waited for a CPU (its schedstat), i.e. the time it was asleep:
@@ -145,10 +145,18 @@ fn reasons(scratch: &str, peer: &str) {
         took.saturating_sub(ran + own_run_delay_ns() - queued_before)
     };
     let timer_ns = timed(&mut || std::thread::sleep(Duration::from_millis(500)));
-    // The peer answers after half a second.
+    // The peer answers each ping after a quarter of a second: once read with read(2), whose
+    // wait is known by the file's kind, once with recv(2), a call on sockets only.
     peer.write_all(b"ping\n").expect("send");
     let mut answer = [0u8; 1];
-    let network_ns = timed(&mut || peer.read_exact(&mut answer).expect("recv"));
+    let read_ns = timed(&mut || peer.read_exact(&mut answer).expect("read"));
+    peer.write_all(b"ping\n").expect("send");
+    let recv_ns = timed(&mut || {
+        // SAFETY: one byte into a valid buffer, from our own connected socket.
+        let n = unsafe { libc::recv(peer.as_raw_fd(), answer.as_mut_ptr().cast(), 1, 0) };
+        assert_eq!(n, 1, "recv");
+    });
+    let network_ns = read_ns + recv_ns;
     let lock = std::sync::Arc::new(std::sync::Mutex::new(()));
     let held = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     {
