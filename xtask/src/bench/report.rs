@@ -527,10 +527,10 @@ fn targets(r: &Results) -> Vec<Target> {
             "each round trip is two sends, two receives and at least two context switches on \
              one CPU: {sock:.0} ns of socket programs per send+receive pair plus {:.0} ns per \
              switch (§1). Each socket program adds to its worker's slot (found through the \
-             thread's task storage) and, with endpoints, looks the peer up in a per-CPU hash \
-             keyed by worker and address and claims the thread's network sleeps; closing it \
-             needs the peer resolved once per socket (socket-local storage) and a cheaper \
-             sched_switch program.",
+             thread's task storage) and, with endpoints, to its peer's slot (found through the \
+             socket's storage) and claims the thread's network sleeps: each of those objects \
+             costs about one map access per call, so closing it needs fewer objects per event \
+             and a cheaper sched_switch program.",
             switch_ns(r, Config::All)
         ),
     ));
@@ -695,8 +695,9 @@ fn per_event_goal(name: &str) -> (f64, &'static str) {
         n if n.starts_with("sock_") => (
             1.5,
             "two BTF-checked loads (family, cgroup), a task-storage lookup for the calling \
-             thread (its worker's slot) and an update of the slot; with endpoints, a per-CPU \
-             hash lookup by worker and peer (a 32-byte key) and the thread's unclaimed \
+             thread (its worker's slot) and an update of the slot; with endpoints, a \
+             socket-storage lookup (the slot of the socket's peer), the peer's address and \
+             port read to check that slot's owner, an update of it, and the thread's unclaimed \
              network sleeps (one more helper for its system call number).",
         ),
         _ => (
