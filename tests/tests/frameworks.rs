@@ -184,8 +184,14 @@ fn each_lithops_call_gets_its_own_record_with_its_true_cpu_and_bytes() {
         }
         let function_s = record["function_cpu_time"].as_f64().unwrap();
         let measured_s = result["process_cpu_s"].as_f64().unwrap();
+        // The function reads its process's CPU before it returns; the process then still
+        // sends its result and exits, which ours counts too: 4 to 6 ms on this machine, once
+        // 6.4 ms (2.05%) past a bound of 2% alone. A wrong process or a lost slice would be
+        // off by far more.
+        const AFTER_THE_READING_S: f64 = 0.010;
         assert!(
-            (function_s - measured_s).abs() <= measured_s * 0.02,
+            function_s >= measured_s * 0.98
+                && function_s <= measured_s * 1.02 + AFTER_THE_READING_S,
             "call {call_id}: function process CPU {function_s:.6} s vs its process_time {measured_s:.6} s"
         );
         eprintln!(
