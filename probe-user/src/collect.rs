@@ -49,8 +49,6 @@ const PROCESS_EVENTS_PER_PULL: usize = 16_384;
 const EVENTS_PER_PULL: usize = 1_024;
 /// Summarised workers remembered for `free_late_counters`.
 const MAX_FINISHED: usize = 1_024;
-/// How often, at most, the collector gives freed memory back while workers end.
-const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// Memory cgroup peaks of removed cgroups kept for a caller that never finishes them (top).
 const MAX_REMOVED_PEAKS: usize = 16_384;
 
@@ -121,10 +119,6 @@ pub struct KernelCollector {
     finished: std::collections::VecDeque<u64>,
     /// The ids of `finished`, to look up.
     finished_ids: std::collections::HashSet<u64>,
-    /// Times left to give freed memory back, and when it was last done (see
-    /// `give_back_after_exits`).
-    trims_due: u8,
-    last_trim: std::time::Instant,
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
     reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
     cgroups: CgroupIndex,
@@ -209,8 +203,6 @@ impl KernelCollector {
             last_switch,
             reported_on_cpu_ns: std::collections::HashMap::new(),
             finished: std::collections::VecDeque::new(),
-            trims_due: 0,
-            last_trim: std::time::Instant::now(),
             finished_ids: std::collections::HashSet::new(),
             cpu_stats,
             cpu_slots,
@@ -240,8 +232,6 @@ impl KernelCollector {
 
 impl Source for KernelCollector {
     fn sample(&mut self) -> anyhow::Result<Sample> {
-        // First: by now the caller has dropped the last sample and written what it made of it.
-        self.give_back_after_exits();
         let taken_at = Some(Timestamp::now());
         let mut sample = Sample {
             taken_at,
@@ -319,7 +309,6 @@ impl KernelCollector {
     /// (the rest wait for the next call): a backlog waits compact in the reader's queue, so
     /// catching up does not swell the agent.
     pub fn drain_events(&mut self) -> Vec<LifecycleEvent> {
-        self.give_back_after_exits();
         self.events_taken = true;
         self.pull_events(EVENTS_PER_PULL);
         let taken = self.pending_events.len().min(EVENTS_PER_PULL);
@@ -527,25 +516,8 @@ impl KernelCollector {
         sum_by_endpoint(entries)
     }
 
-    /// Returns to the kernel the memory that ended workers used and freed (their events,
-    /// summaries, samples and the output lines made of them), which glibc would otherwise
-    /// keep: after 10,000 workers at 650/s the debug agent stayed 14 MB larger (the release
-    /// one 3 MB). At most every [`TRIM_EVERY`] while workers end, and twice after the last one
-    /// ended (its output is freed once written); an agent whose workers do not end never pays
-    /// for it. Called at each sample and each event pull (every 50 ms in watch and serve).
-    fn give_back_after_exits(&mut self) {
-        if self.trims_due == 0 || self.last_trim.elapsed() < TRIM_EVERY {
-            return;
-        }
-        // SAFETY: malloc_trim only gives free memory back to the kernel.
-        unsafe { libc::malloc_trim(0) };
-        self.trims_due -= 1;
-        self.last_trim = std::time::Instant::now();
-    }
-
     /// Remembers a cgroup whose counters were taken or freed (see `finished`).
     fn mark_finished(&mut self, cgroup_id: u64) {
-        self.trims_due = 2;
         if self.finished.len() == MAX_FINISHED
             && let Some(oldest) = self.finished.pop_front()
         {

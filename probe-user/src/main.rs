@@ -10,6 +10,13 @@ use workerprobe::{
 };
 
 fn main() -> ExitCode {
+    // Fixed thresholds: glibc's adaptive ones rise after the first large free, after which
+    // a burst's large buffers come from the heap and its freed pages stay with the process.
+    // SAFETY: mallopt only sets the allocator's parameters, before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 * 1024);
+    }
     // Bad flags and values: clap prints the reason and exits with 2.
     let cli = Cli::parse();
     match run(cli) {
