@@ -453,8 +453,7 @@ fn ten_thousand_short_workers_each_get_one_summary_in_bounded_memory() {
     let churn = started.elapsed();
     let rate = WORKERS as f64 / churn.as_secs_f64();
     // Let the last removals be summarised and written (a debug agent lags seconds behind the
-    // churn), then give it the two seconds in which it returns what the burst freed: what it
-    // still holds then is what it keeps.
+    // churn), and two seconds more: what it still holds then is what it keeps.
     let caught_up = Instant::now() + Duration::from_secs(60);
     while lines_read.load(Ordering::Relaxed) < WORKERS && Instant::now() < caught_up {
         std::thread::sleep(Duration::from_millis(50));
