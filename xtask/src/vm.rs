@@ -295,9 +295,37 @@ pub fn finish(rows: &[Row], update_docs: bool) -> Result<()> {
         })
         .collect();
     if !failed.is_empty() {
+        // The logs stay in the VM's directory, which a CI machine may not keep: show why.
+        for row in rows.iter().filter(|row| !row.ok()) {
+            for (name, result) in row.results.iter().filter(|(_, result)| !result.ok()) {
+                let log = fs::read_to_string(&result.log).unwrap_or_default();
+                println!(
+                    "\n--- {} {name}: what failed ---\n{}",
+                    row.name,
+                    failure_excerpt(&log)
+                );
+            }
+        }
         bail!("kernel matrix failed: {}", failed.join(" | "));
     }
     Ok(())
+}
+
+/// The part of a libtest log that says why its tests failed (each failure's output and
+/// panic), at most `FAILURE_LINES` lines; the log's tail when it has no such part (a crash).
+fn failure_excerpt(log: &str) -> String {
+    const FAILURE_LINES: usize = 80;
+    let lines: Vec<&str> = log.lines().collect();
+    let start = lines
+        .iter()
+        .position(|line| line.starts_with("---- "))
+        .unwrap_or(lines.len().saturating_sub(FAILURE_LINES));
+    lines[start..]
+        .iter()
+        .take(FAILURE_LINES)
+        .copied()
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The matrix kernels named by `--kernel`, or all.
@@ -952,6 +980,9 @@ mod tests {
         let result = parse_libtest(text);
         assert_eq!(result.passed, ["a", "d"]);
         assert_eq!(result.failed, ["b"]);
+        let excerpt = failure_excerpt(text);
+        assert!(excerpt.starts_with("---- b stdout ----\nboom"), "{excerpt}");
+        assert_eq!(failure_excerpt("one\ntwo\nkilled"), "one\ntwo\nkilled");
     }
 
     #[test]
