@@ -43,11 +43,18 @@ fn process_exits(lines: &[Value]) -> impl Iterator<Item = &Value> {
 #[test]
 fn five_hundred_short_processes_each_get_a_summary_equal_to_their_rusage() {
     let cgroup = TestCgroup::new("procs");
-    let pattern = format!("/{}", cgroup.name());
+    // The children are made in a cgroup of their own, so that its cpu.stat is theirs alone.
+    let kids = cgroup.child("kids");
+    let pattern = format!("/{}/kids", cgroup.name());
     let mut children = Vec::new();
     let lines = watch_while(&["--processes", "--workers", &pattern], || {
         // 500 children one after another, ~5 ms of CPU each.
-        children = output_lines(cgroup.spawn_workload(&["forks", "500", "5000"]));
+        children = output_lines(cgroup.spawn_workload(&[
+            "forks",
+            "500",
+            "5000",
+            kids.dir.to_str().expect("a UTF-8 cgroup path"),
+        ]));
     });
     assert_eq!(children.len(), 500);
     let by_pid: std::collections::HashMap<u64, &Value> = process_exits(&lines)
@@ -66,6 +73,7 @@ fn five_hundred_short_processes_each_get_a_summary_equal_to_their_rusage() {
     );
     let mut worst_us = 0i64;
     let mut split_off = Vec::new();
+    let mut charged_after_reap = Vec::new();
     for child in &children {
         let pid = u64_of(child, &["pid"]);
         let summary = by_pid
@@ -76,13 +84,21 @@ fn five_hundred_short_processes_each_get_a_summary_equal_to_their_rusage() {
         let ours = |name| (u64_of(summary, &["counters", name]) / 1_000) as i64;
         // rusage is in whole microseconds, truncated; 1 ms is the tolerance.
         let kernel = user_us + system_us;
-        let off = (ours("cpu_ns") - kernel).abs();
-        worst_us = worst_us.max(off);
-        assert!(
-            off <= 1_000,
-            "child {pid} CPU: ours {} µs, rusage {kernel} µs: {summary}",
-            ours("cpu_ns")
-        );
+        let over_us = ours("cpu_ns") - kernel;
+        // rusage is read when the child is reaped; ours at its last switch-out. The reaper
+        // waits until the child's runtime stops moving, but on a loaded emulated machine a
+        // child can still be charged for its exit path after that (milliseconds by the
+        // scheduler's clock): the kernel charges it to the cgroup, which the total below checks.
+        if over_us > 1_000 {
+            charged_after_reap.push((pid, kernel, ours("cpu_ns")));
+        } else {
+            worst_us = worst_us.max(over_us.abs());
+            assert!(
+                over_us >= -1_000,
+                "child {pid} CPU: ours {} µs, rusage {kernel} µs: {summary}",
+                ours("cpu_ns")
+            );
+        }
         assert_eq!(
             u64_of(summary, &["counters", "user_ns"]) + u64_of(summary, &["counters", "system_ns"]),
             u64_of(summary, &["counters", "cpu_ns"])
@@ -107,12 +123,29 @@ fn five_hundred_short_processes_each_get_a_summary_equal_to_their_rusage() {
         assert_eq!(u64_of(summary, &["counters", "threads"]), 1);
     }
     assert!(
+        charged_after_reap.len() <= children.len() / 50,
+        "more than 2% of the children charged over 1 ms after their reap (pid, rusage µs, ours µs): {charged_after_reap:?}"
+    );
+    // All the children against the kernel's charge to their cgroup, which holds nothing else
+    // and includes what was charged after each reap: a child counted twice, or with another
+    // process's CPU, is milliseconds off.
+    let ours_total_us = (by_pid
+        .values()
+        .map(|line| u64_of(line, &["counters", "cpu_ns"]))
+        .sum::<u64>()
+        / 1_000) as i64;
+    let cgroup_us = kids.cpu_stat().usage_usec as i64;
+    assert!(
+        (ours_total_us - cgroup_us).abs() <= 100,
+        "the children together: ours {ours_total_us} µs, their cgroup's cpu.stat {cgroup_us} µs"
+    );
+    assert!(
         split_off.len() <= children.len() / 50,
         "user/system split off rusage's by more than 1 ms for {} children (pid, rusage user, ours): {split_off:?}",
         split_off.len()
     );
     eprintln!(
-        "500 of 500 short processes summarised; worst CPU difference to rusage {worst_us} µs; user/system split off by > 1 ms: {}",
+        "500 of 500 short processes summarised; worst CPU difference to rusage {worst_us} µs; user/system split off by > 1 ms: {}; charged after the reap (pid, rusage µs, ours µs): {charged_after_reap:?}; cgroup: ours {ours_total_us} µs, cpu.stat {cgroup_us} µs",
         split_off.len()
     );
 }

@@ -83,7 +83,7 @@ fn main() {
         "fetch" => fetch(arg(1), num(arg(2)), num(arg(3)), arg(4), num(arg(5))),
         "fanout" => fanout(&args[1..args.len() - 1], num(&args[args.len() - 1])),
         "sendfile" => send_file(arg(1), num(arg(2))),
-        "forks" => forks(num(arg(1)), num(arg(2))),
+        "forks" => forks(num(arg(1)), num(arg(2)), arg(3)),
         "rss-at-exit" => rss_at_exit(num(arg(1))),
         "rusage-of" => rusage_of(arg(1), &args[2..]),
         "threads" => threads(
@@ -350,11 +350,13 @@ fn fanout(addrs: &[String], bytes: u64) {
     );
 }
 
-/// Forks `count` children one after another, each burning `burn_us` of CPU and exiting with
+/// Forks `count` children one after another straight into the cgroup2 directory `cgroup`
+/// (so that its `cpu.stat` is theirs alone), each burning `burn_us` of CPU and exiting with
 /// its index mod 7; prints, per child, what wait4 said of it.
-fn forks(count: u64, burn_us: u64) {
+fn forks(count: u64, burn_us: u64, cgroup: &str) {
+    let cgroup = std::fs::File::open(cgroup).expect("open the children's cgroup");
     for index in 0..count {
-        let (pid, status, usage) = fork_and_wait(|| {
+        let (pid, status, usage) = fork_and_wait_in(Some(&cgroup), || {
             spin_cpu(Duration::from_micros(burn_us));
             (index % 7) as i32
         });
@@ -508,9 +510,39 @@ fn rusage_of(dir: &str, command: &[String]) -> ! {
 /// Forks a child that runs `work` and exits with its result; returns the child's pid, wait
 /// status and rusage.
 fn fork_and_wait(work: impl FnOnce() -> i32) -> (i32, i32, libc::rusage) {
-    // SAFETY: this process is single-threaded here; the child only computes and exits.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed");
+    fork_and_wait_in(None, work)
+}
+
+/// [`fork_and_wait`] with the child made in `cgroup` (a cgroup2 directory), when given,
+/// rather than in ours.
+fn fork_and_wait_in(
+    cgroup: Option<&std::fs::File>,
+    work: impl FnOnce() -> i32,
+) -> (i32, i32, libc::rusage) {
+    use std::os::fd::AsRawFd as _;
+    /// `CLONE_INTO_CGROUP` (5.7+), as clone3's 64-bit flags take it.
+    const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+    let pid = match cgroup {
+        // SAFETY: this process is single-threaded here; the child only computes and exits.
+        None => unsafe { libc::fork() },
+        Some(cgroup) => {
+            // SAFETY: zeroed clone_args ask for a plain fork.
+            let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+            args.flags = CLONE_INTO_CGROUP;
+            args.exit_signal = libc::SIGCHLD as u64;
+            args.cgroup = cgroup.as_raw_fd() as u64;
+            // SAFETY: a fork (no new stack, no shared memory) of a single-threaded process,
+            // as above; the arguments live across the call.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_clone3,
+                    &raw mut args,
+                    std::mem::size_of::<libc::clone_args>(),
+                ) as i32
+            }
+        }
+    };
+    assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
     if pid == 0 {
         let code = work();
         // SAFETY: leaves the child without running the parent's exit handlers.
