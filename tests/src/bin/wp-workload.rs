@@ -27,10 +27,11 @@
 //! - `fsync DIR COUNT`: COUNT times write 4 KiB to a file in DIR and fsync it (D state).
 //! - `reasons SCRATCH PEER`: after start-up (`ready`, then SIGUSR1, as `nap … wait`), one
 //!   thread waits in turn on a timer (0.5 s nanosleep), the network (two pings to PEER, which
-//!   answers each when it likes: one answer read with read(2), one with recv(2)), a lock (held 0.4 s by a spinning thread), a child (spinning
-//!   0.3 s), an empty pipe (written after 0.3 s by a spinning thread) and fsync in SCRATCH;
-//!   the helpers never sleep. Prints what each wait took by its own clock, less the time the
-//!   thread meanwhile ran or waited for a CPU (its schedstat), i.e. the time it was asleep:
+//!   answers each when it likes: one answer read with read(2), one with recv(2)), a lock
+//!   (held 0.4 s by a spinning thread), a child (spinning 0.3 s), an empty pipe (written
+//!   after 0.3 s by a spinning thread) and fsync in SCRATCH; the helpers never sleep. Prints
+//!   what each wait took by its own clock, less the time the thread meanwhile ran or waited
+//!   for a CPU (its schedstat), i.e. the time it was asleep:
 //!   `{"timer_ns","network_ns","lock_ns","child_ns","pipe_ns","disk_ns"}`.
 //! - `fetch STORE REQUESTS BYTES PEER UPLOAD`: REQUESTS times asks STORE for BYTES (`GET n`
 //!   line, one connection each), then sends UPLOAD bytes to PEER and reads its `ok`. Prints
@@ -44,6 +45,9 @@
 //! - `sendfile ADDR BYTES`: write a file of BYTES in $WP_SCRATCH, connect to ADDR over TCP and
 //!   send the file with sendfile(2) (up to 1 MiB per call), then close. Prints
 //!   `{"sent_bytes","sendfile_calls"}`.
+//! - `forks COUNT US CGROUP`: COUNT children one after another, made straight in the cgroup2
+//!   directory CGROUP (clone3 with CLONE_INTO_CGROUP), each running US µs of CPU time and
+//!   exiting with its index mod 7; prints per child its pid, status, rusage and maxrss.
 //! - `life MS`: one thread: spin MS of CPU time, nap 5 × MS/5, fsync 10 times in $WP_SCRATCH
 //!   (default /var/tmp); prints `{"lived_ns"}`, its life from the start of `main`.
 
