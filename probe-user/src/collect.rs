@@ -4,6 +4,7 @@ use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 
 use crate::collect_events::{RingEvent, RingReader, decode_cgroup_event, decode_process_event};
+use crate::collect_heap::HeapReturn;
 use crate::collect_slots::SlotMaps;
 use probe_common::{
     cpu::{
@@ -119,6 +120,8 @@ pub struct KernelCollector {
     finished: std::collections::VecDeque<u64>,
     /// The ids of `finished`, to look up.
     finished_ids: std::collections::HashSet<u64>,
+    /// Gives a burst's freed memory back to the kernel.
+    heap: HeapReturn,
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
     reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
     cgroups: CgroupIndex,
@@ -204,6 +207,7 @@ impl KernelCollector {
             reported_on_cpu_ns: std::collections::HashMap::new(),
             finished: std::collections::VecDeque::new(),
             finished_ids: std::collections::HashSet::new(),
+            heap: HeapReturn::new(),
             cpu_stats,
             cpu_slots,
             slot_net: Vec::new(),
@@ -232,6 +236,8 @@ impl KernelCollector {
 
 impl Source for KernelCollector {
     fn sample(&mut self) -> anyhow::Result<Sample> {
+        // By now the caller has dropped the last sample and written what it made of it.
+        self.heap.maybe_trim();
         let taken_at = Some(Timestamp::now());
         let mut sample = Sample {
             taken_at,

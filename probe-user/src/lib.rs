@@ -21,6 +21,7 @@ pub mod clock;
 pub mod collect;
 mod collect_batch;
 mod collect_events;
+mod collect_heap;
 mod collect_slots;
 pub mod error;
 pub mod kept_files;
