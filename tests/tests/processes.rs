@@ -169,20 +169,29 @@ fn a_named_tree_sums_its_processes_as_rusage_does() {
     assert_eq!(tree["rule"], "wptree");
     assert_eq!(u64_of(tree, &["processes"]), 3);
     assert_eq!(u64_of(tree, &["root_pid"]), u64_of(reported, &["pid"]));
-    // The root's own rusage is read just before it exits; its exit path adds a little.
+    // The root's own rusage is read just before it exits; its exit path adds a little, and on
+    // a loaded emulated machine a child may be charged CPU after its reap, which no rusage
+    // shows (see the 500-process test). The cgroup holds the tree alone: its cpu.stat has
+    // all of it.
     let kernel_us = u64_of(reported, &["self_cpu_us"]) + u64_of(reported, &["children_cpu_us"]);
+    let cgroup_us = cgroup.cpu_stat().usage_usec;
     let ours_us = u64_of(tree, &["counters", "cpu_ns"]) / 1_000;
-    let off = ours_us.abs_diff(kernel_us);
     assert!(
-        off * 100 <= kernel_us * 2,
-        "tree CPU {ours_us} µs vs rusage {kernel_us} µs: {tree}"
+        ours_us * 100 >= kernel_us * 98,
+        "tree CPU {ours_us} µs under its rusage {kernel_us} µs by more than 2%: {tree}"
+    );
+    assert!(
+        ours_us.abs_diff(cgroup_us) * 100 <= cgroup_us * 2,
+        "tree CPU {ours_us} µs vs its cgroup's cpu.stat {cgroup_us} µs: {tree}"
     );
     // Its processes are reported too, labelled, although --workers picks none of them.
     let members = process_exits(&lines)
         .filter(|line| line["tree"]["ids"]["label"] == label)
         .count();
     assert_eq!(members, 3);
-    eprintln!("tree of 3 processes: CPU {ours_us} µs, rusage {kernel_us} µs");
+    eprintln!(
+        "tree of 3 processes: CPU {ours_us} µs, rusage {kernel_us} µs, cpu.stat {cgroup_us} µs"
+    );
 }
 
 #[test]
