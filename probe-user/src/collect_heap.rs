@@ -52,21 +52,13 @@ impl HeapReturn {
     }
 }
 
-impl Default for HeapReturn {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// Anonymous resident memory not in use by an allocation: freed heap pages glibc keeps, plus
 /// a constant share for thread stacks. None when /proc cannot be read.
 fn idle_resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let mut pages = statm.split_whitespace().skip(1).map(str::parse::<u64>);
     let (resident, shared) = (pages.next()?.ok()?, pages.next()?.ok()?);
-    // SAFETY: sysconf has no preconditions.
-    let page_bytes = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
-    let anon_bytes = resident.saturating_sub(shared) * page_bytes;
+    let anon_bytes = resident.saturating_sub(shared) * crate::memory::page_bytes();
     // SAFETY: mallinfo2 only reads the allocator's statistics.
     let heap = unsafe { libc::mallinfo2() };
     let in_use_bytes = (heap.uordblks + heap.hblkhd) as u64;

@@ -159,6 +159,16 @@ pub fn watch_json_while(extra: &[&str], work: impl FnOnce()) -> Vec<serde_json::
     json_lines(&reader.join().expect("stdout reader"))
 }
 
+/// A `/proc/<pid>/status` field's value (`"Uid:"`, `"VmRSS:"`), trimmed.
+pub fn status_field(pid: u32, name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("read /proc/PID/status")
+        .lines()
+        .find_map(|line| line.strip_prefix(name))
+        .map(|value| value.trim().to_owned())
+        .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+}
+
 /// The JSON lines of `text`, other lines (a framework's blank ones) left out.
 pub fn json_lines(text: &str) -> Vec<serde_json::Value> {
     text.lines()

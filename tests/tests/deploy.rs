@@ -13,7 +13,7 @@ use std::{
 
 use serde_json::Value;
 use workerprobe::cgroup;
-use workerprobe_tests::{TestCgroup, require_root, workerprobe_path};
+use workerprobe_tests::{TestCgroup, require_root, status_field, workerprobe_path};
 
 /// The manifest's DaemonSet, as JSON.
 fn daemonset() -> Value {
@@ -39,16 +39,6 @@ fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     stream.read_to_string(&mut text).ok()?;
     let status = text.split_whitespace().nth(1)?.parse().ok()?;
     Some((status, text.split_once("\r\n\r\n")?.1.to_owned()))
-}
-
-/// A `/proc/<pid>/status` field.
-fn status_field(pid: u32, name: &str) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .expect("status")
-        .lines()
-        .find_map(|line| line.strip_prefix(name))
-        .map(|value| value.trim().to_owned())
-        .unwrap_or_else(|| panic!("no {name}"))
 }
 
 struct Pod {

@@ -3,17 +3,7 @@
 
 use std::time::Duration;
 
-use workerprobe_tests::{TestCgroup, require_root, start_agent};
-
-/// A `/proc/<pid>/status` field's value.
-fn status_field(pid: u32, name: &str) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(name))
-        .map(|value| value.trim().to_string())
-        .unwrap_or_else(|| panic!("no {name} in the agent's status"))
-}
+use workerprobe_tests::{TestCgroup, require_root, start_agent, status_field};
 
 #[test]
 fn an_agent_running_as_nobody_without_capabilities_still_measures() {

@@ -13,7 +13,7 @@ use std::{
 
 use workerprobe::cgroup;
 use workerprobe_tests::{
-    TestCgroup, read_first_json_line, require_root, workerprobe_path, workload_path,
+    TestCgroup, read_first_json_line, require_root, status_field, workerprobe_path, workload_path,
 };
 
 /// Starts `workerprobe ARGS…` (stdout piped) and returns once a line on stderr contains
@@ -155,13 +155,11 @@ fn rss_bytes(pid: u32) -> u64 {
 
 /// A size line of /proc/PID/status (`VmRSS:`, `RssAnon:`), in bytes.
 fn status_bytes(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix(field))
-        .and_then(|rest| rest.split_whitespace().next())
+    let kib = status_field(pid, field);
+    let kib: u64 = kib
+        .strip_suffix(" kB")
         .and_then(|kib| kib.parse().ok())
-        .unwrap_or_else(|| panic!("{field} in /proc/PID/status"));
+        .unwrap_or_else(|| panic!("{field} {kib:?} is not kB"));
     kib * 1024
 }
 
