@@ -22,10 +22,16 @@ pub const DROP_PROCESS_PEAKS: u32 = 6;
 /// The process ring buffer was full: a process made, a program started or a thread's totals
 /// went untold.
 pub const DROP_PROCESS_EVENTS: u32 = 7;
+/// A `FINAL_CPU` insert failed (map full): a removed worker's CPU time on that CPU is lost
+/// from its summary.
+pub const DROP_FINAL_CPU: u32 = 8;
+/// A `CPU_NOW` insert failed (map full): a worker's CPU time on that CPU is not shown until
+/// a removed worker's entries are freed.
+pub const DROP_CPU_NOW: u32 = 9;
 /// Number of drop slots (room for the programs to come).
-pub const DROP_SLOTS: u32 = 8;
+pub const DROP_SLOTS: u32 = 16;
 /// Names of the used slots, in order, as reported to users.
-pub const DROP_NAMES: [&str; 8] = [
+pub const DROP_NAMES: [&str; 10] = [
     "cpu_stats",
     "net_stats",
     "task_state",
@@ -34,4 +40,6 @@ pub const DROP_NAMES: [&str; 8] = [
     "endpoint_overflow",
     "process_peaks",
     "process_events",
+    "final_cpu",
+    "cpu_now",
 ];

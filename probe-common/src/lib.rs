@@ -10,6 +10,7 @@ pub mod drops;
 pub mod memory;
 pub mod net;
 pub mod process;
+pub mod rstat;
 pub mod task;
 pub mod wait;
 

@@ -88,6 +88,10 @@ fn tell(ctx: &BtfTracePointContext, kind: u32) {
         } else {
             0
         };
+        // Its CPU times too, kept before the event is told so user space finds them.
+        if kind == CGROUP_REMOVED && crate::rstat::on() {
+            crate::rstat::keep_final(cgroup, (*event).cgroup_id);
+        }
         (*event).kind = kind;
         let len = match bpf_probe_read_kernel_str_bytes(path, &mut (*event).path) {
             Ok(bytes) => bytes.len() as u32,

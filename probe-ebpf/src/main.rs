@@ -12,6 +12,7 @@ mod lifecycle;
 mod local_storage;
 mod net;
 mod process;
+mod rstat;
 mod sched;
 mod task;
 

@@ -333,9 +333,10 @@ pub struct ProbeArgs {
     /// How many cgroups the kernel maps can hold; a cgroup beyond that is counted as a drop.
     #[arg(long, default_value_t = probe_common::DEFAULT_MAX_WORKERS, value_parser = parse_count::<u32, 1, 1_048_576>)]
     pub max_workers: u32,
-    /// What to measure: cpu (on-CPU time, context switches), delays (where off-CPU time went:
-    /// run-queue wait, blocked on I/O, sleep), net (socket bytes), workers (cgroups made and
-    /// removed, for exit summaries). Separate with commas.
+    /// What to measure: cpu (on-CPU time; context switches too with delays or waits, without
+    /// them it is read from the kernel's own accounting at no cost to the scheduler), delays
+    /// (where off-CPU time went: run-queue wait, blocked on I/O, sleep), net (socket bytes),
+    /// workers (cgroups made and removed, for exit summaries). Separate with commas.
     #[arg(
         long,
         value_delimiter = ',',
@@ -365,6 +366,11 @@ pub struct ProbeArgs {
     /// other (tracepoint: sock_send_length, 6.3+; fexit: the protocols' sendmsg/recvmsg).
     #[arg(long, hide = true, value_enum)]
     pub net_attach: Option<NetAttachChoice>,
+    /// For benchmarks and tests: count CPU time with the sched_switch program (sched-switch)
+    /// even where the kernel's per-cgroup accounting can be read through a cgroup iterator
+    /// (iter, the default where the kernel allows it).
+    #[arg(long, hide = true, value_enum)]
+    pub cpu_attach: Option<CpuAttachChoice>,
     /// For tests and benchmarks: slots of the per-worker counters' fast path (default: from
     /// the CPU count, within 8 MiB); workers beyond them are counted through hash maps (0:
     /// all of them).
@@ -401,6 +407,15 @@ pub enum NetAttachChoice {
     Fexit,
 }
 
+/// `--cpu-attach` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CpuAttachChoice {
+    /// The kernel's per-cgroup accounting through a cgroup iterator, where the kernel allows.
+    Iter,
+    /// The sched_switch program.
+    SchedSwitch,
+}
+
 impl From<NetAttachChoice> for crate::loader::NetAttach {
     fn from(choice: NetAttachChoice) -> Self {
         match choice {
@@ -417,6 +432,7 @@ impl ProbeArgs {
             max_workers: self.max_workers,
             groups: self.programs.iter().map(|&choice| choice.into()).collect(),
             net_attach: self.net_attach.map(Into::into),
+            cpu_by_sched_switch: self.cpu_attach == Some(CpuAttachChoice::SchedSwitch),
             endpoints_per_worker: self.max_endpoints_per_worker,
             max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
             processes: false,

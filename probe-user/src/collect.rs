@@ -5,6 +5,7 @@ use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 
 use crate::collect_events::{RingEvent, RingReader, decode_cgroup_event, decode_process_event};
 use crate::collect_heap::HeapReturn;
+use crate::collect_rstat::RstatReader;
 use crate::collect_slots::SlotMaps;
 use probe_common::{
     cpu::{
@@ -122,6 +123,9 @@ pub struct KernelCollector {
     finished_ids: std::collections::HashSet<u64>,
     /// Gives a burst's freed memory back to the kernel.
     heap: HeapReturn,
+    /// CPU time from the kernel's per-cgroup accounting, when the plan chose it (the
+    /// programs then count no CPU time).
+    rstat: Option<RstatReader>,
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
     reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
     cgroups: CgroupIndex,
@@ -191,7 +195,25 @@ impl KernelCollector {
         let process_peaks = PerCpuHashMap::try_from(take(PROCESS_PEAKS_MAP)?)
             .with_context(|| format!("map {PROCESS_PEAKS_MAP}"))?;
         let measured = probe.measured();
+        let take_rstat = |probe: &mut Probe, name: &str| {
+            probe
+                .take_map(name)
+                .with_context(|| format!("map {name} missing from the eBPF object"))
+        };
+        let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?;
+        let rstat = match probe.take_cpu_iter() {
+            Some(iter) => {
+                let maps = crate::collect_rstat::RstatMaps {
+                    cpu_now: take_rstat(&mut probe, probe_common::rstat::CPU_NOW_MAP)?,
+                    last_walk: take_rstat(&mut probe, probe_common::rstat::LAST_WALK_MAP)?,
+                    final_cpu: take_rstat(&mut probe, probe_common::rstat::FINAL_CPU_MAP)?,
+                };
+                Some(RstatReader::new(iter, maps, cpus)?)
+            }
+            None => None,
+        };
         Ok(Self {
+            rstat,
             measured,
             events,
             process_ring,
@@ -222,7 +244,7 @@ impl KernelCollector {
             drops,
             cgroups,
             names: WorkerNames::new(Runtimes::none()),
-            cpus: aya::util::nr_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?,
+            cpus,
             _probe: probe,
         })
     }
@@ -254,6 +276,14 @@ impl Source for KernelCollector {
         };
         self.pull_events(room);
         let (mut cpu_per_worker, running) = self.read_cpu_consistently()?;
+        if let Some(rstat) = self.rstat.as_mut() {
+            for (cgroup_id, times) in rstat.read()? {
+                let per_cpu = cpu_per_worker
+                    .entry(cgroup_id)
+                    .or_insert_with(|| vec![CpuStats::default(); self.cpus]);
+                crate::collect_rstat::apply(per_cpu, &times);
+            }
+        }
         self.free_late_counters(&mut cpu_per_worker);
         for (cgroup_id, per_cpu) in cpu_per_worker {
             sample.workers.entry(cgroup_id).or_default().cpu_per_cpu = per_cpu;
@@ -401,7 +431,11 @@ impl KernelCollector {
             .as_mut()
             .and_then(|slots| slots.finish(cgroup_id, self.cpus));
         let net = self.net_stats.get(&cgroup_id, 0).ok().map(|n| n.to_vec());
-        if hashed.is_none() && slotted.is_none() && net.is_none() {
+        let final_cpu = self
+            .rstat
+            .as_mut()
+            .and_then(|rstat| rstat.take_final(cgroup_id));
+        if hashed.is_none() && slotted.is_none() && net.is_none() && final_cpu.is_none() {
             return None;
         }
         let mut worker = WorkerCounters {
@@ -414,6 +448,9 @@ impl KernelCollector {
             .map(|per_cpu| per_cpu.iter().map(|slot| slot.stats).collect::<Vec<_>>());
         for per_cpu in [hashed, slotted_cpu].into_iter().flatten() {
             add_per_cpu(&mut worker.cpu_per_cpu, &per_cpu);
+        }
+        if let Some(times) = final_cpu {
+            crate::collect_rstat::apply(&mut worker.cpu_per_cpu, &times);
         }
         let slotted_net = slotted.map(|per_cpu| per_cpu.iter().map(|slot| slot.net).collect());
         for per_cpu in [net, slotted_net].into_iter().flatten() {
@@ -460,6 +497,9 @@ impl KernelCollector {
     /// hash entries), as [`KernelCollector::finish`] does for a worker.
     pub fn discard(&mut self, cgroup_id: u64) {
         let _ = self.cpu_stats.remove(&cgroup_id);
+        if let Some(rstat) = self.rstat.as_mut() {
+            rstat.forget(cgroup_id);
+        }
         let _ = self.net_stats.remove(&cgroup_id);
         if self.measured.endpoints {
             let _ = self.take_endpoints(cgroup_id);

@@ -230,7 +230,8 @@ fn top_once_shows_a_sending_worker_and_its_bytes() {
     );
 }
 
-/// With only the CPU programs, delays and bytes are not measured: null and n/a, never 0.
+/// With only CPU time, delays, bytes and context switches are not measured: null and n/a,
+/// never 0.
 #[test]
 fn cpu_only_shows_delays_and_bytes_as_not_measured() {
     require_root();
@@ -252,8 +253,11 @@ fn cpu_only_shows_delays_and_bytes_as_not_measured() {
     let document: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
     assert_eq!(document["measured"]["net"], false);
     assert_eq!(document["measured"]["delays"], false);
+    // CPU time alone comes from the kernel's accounting: no switch program counts switches.
+    assert_eq!(document["measured"]["switches"], false);
     let seen = worker_in(&document, worker.id);
     assert!(seen["net"].is_null() && seen["time"].is_null(), "{seen}");
+    assert!(seen["cpu"]["voluntary_switches"].is_null(), "{seen}");
     assert!(seen["cpu"]["seconds"].as_f64().is_some_and(|s| s > 0.05));
 }
 

@@ -351,3 +351,49 @@ fn workers_in_reused_slots_and_beyond_the_slots_are_counted_like_cpu_stat() {
         assert_eq!(slot, None, "no slots were asked for");
     }
 }
+
+/// With CPU time asked for without delays, the agent reads the kernel's own per-cgroup CPU time
+/// with a cgroup iterator (6.1+) and attaches nothing to sched_switch: a worker's CPU time is
+/// cpu.stat's to the microsecond, while it lives and after its removal (kept by the removal
+/// program), and its context switches are marked as not measured.
+#[test]
+fn cpu_alone_is_the_kernels_own_accounting_to_the_microsecond() {
+    use workerprobe::loader::{LoadOptions, ProgramGroup};
+    let mut collector = collector_with(LoadOptions {
+        groups: vec![ProgramGroup::Cpu, ProgramGroup::Lifecycle],
+        ..Default::default()
+    });
+    let measured = collector.measured();
+    assert!(measured.cpu, "CPU time is measured");
+    assert!(
+        !measured.switches,
+        "no switch program, so no context switches"
+    );
+    let worker = TestCgroup::new("rstat");
+    let spinner = worker.spawn_workload(&["spin", "300", "2"]);
+    assert!(spinner.wait_with_output().expect("wait").status.success());
+    // The spinner's last switch charges its last slice after wait returns.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let live_ns = counters(&collector.sample().expect("sample"), worker.id).on_cpu_ns();
+    let kernel_usec = worker.cpu_stat().usage_usec;
+    eprintln!("live: ours {live_ns} ns, cpu.stat {kernel_usec} µs");
+    assert!(
+        kernel_usec >= 100_000,
+        "the spinner barely ran: {kernel_usec} µs"
+    );
+    assert!(
+        (live_ns / 1_000).abs_diff(kernel_usec) <= 1,
+        "live: ours {live_ns} ns, cpu.stat {kernel_usec} µs"
+    );
+    let id = worker.id;
+    drop(worker); // removed: its final times are the removal program's
+    let final_ns = collector
+        .finish(id)
+        .expect("the worker was counted")
+        .on_cpu_ns();
+    eprintln!("removed: ours {final_ns} ns");
+    assert!(
+        (final_ns / 1_000).abs_diff(kernel_usec) <= 1,
+        "removed: ours {final_ns} ns, cpu.stat {kernel_usec} µs"
+    );
+}

@@ -224,6 +224,44 @@ fn exec(args: &[&str]) -> (std::process::ExitStatus, String, serde_json::Value) 
     )
 }
 
+/// `exec` with CPU time alone (`--programs cpu,workers`): the kernel's own accounting read by
+/// the cgroup iterator, ended before the command's cgroup is removed, equals the cgroup's share
+/// of its parent's `cpu.stat`; context switches are not measured (null, never 0).
+#[test]
+fn exec_with_cpu_alone_reports_the_kernels_cpu_and_no_switches() {
+    require_root();
+    let mount = cgroup::find_cgroup2_mount().expect("cgroup2");
+    let parent = mount.join("workerprobe");
+    std::fs::create_dir_all(&parent).expect("exec parent");
+    let before = cgroup::read_cpu_stat(&parent).expect("cpu.stat").usage_usec;
+    let summary_file = temp_path("exec-cpu-alone", "summary.json");
+    let output = Command::new(workerprobe_path())
+        .args(["exec", "--json", "--programs", "cpu,workers", "--output"])
+        .arg(&summary_file)
+        .arg("--")
+        .arg(workload_path())
+        .args(["spin", "300", "2"])
+        .output()
+        .expect("run workerprobe exec");
+    let after = cgroup::read_cpu_stat(&parent).expect("cpu.stat").usage_usec;
+    assert!(output.status.success(), "exec failed: {output:?}");
+    let text = std::fs::read_to_string(&summary_file).expect("summary");
+    let _ = std::fs::remove_file(&summary_file);
+    let summary: serde_json::Value = serde_json::from_str(text.trim()).expect("JSON");
+    let kernel_s = (after - before) as f64 / 1e6;
+    let ours_s = summary["cpu"]["total_seconds"].as_f64().expect("cpu");
+    eprintln!("exec, cpu alone: ours {ours_s}s, cpu.stat {kernel_s}s");
+    assert!(kernel_s > 0.2, "the command barely ran: {kernel_s}s");
+    assert!(
+        (ours_s - kernel_s).abs() <= kernel_s * 0.005,
+        "CPU {ours_s}s vs cpu.stat {kernel_s}s"
+    );
+    assert!(
+        summary["context_switches"].is_null(),
+        "switches are not measured: {summary}"
+    );
+}
+
 #[test]
 fn exec_reports_cpu_like_cpu_stat_and_exact_bytes() {
     require_root();

@@ -33,6 +33,10 @@ pub enum Need {
     TaskStorage,
     /// `task_struct.sched_info` (CONFIG_SCHED_INFO): the scheduler's run-queue accounting.
     SchedInfo,
+    /// A cgroup iterator (6.1+) whose programs may read other CPUs' per-CPU map values
+    /// (`bpf_map_lookup_percpu_elem`, 5.19+), and the kernel's per-CPU cgroup CPU time (the
+    /// rstat base stats) at fields its BTF locates.
+    CgroupRstat,
 }
 
 impl Need {
@@ -64,6 +68,9 @@ impl Need {
             }
             Need::TaskStorage => "task-local storage for tracing programs (Linux 5.11+)".into(),
             Need::SchedInfo => "run-queue accounting (a kernel built with CONFIG_SCHED_INFO)".into(),
+            Need::CgroupRstat => {
+                "a cgroup iterator that can read per-CPU cgroup CPU time (Linux 6.1+)".into()
+            }
         }
     }
 }
@@ -81,6 +88,8 @@ pub struct KernelFeatures {
     pub task_storage: bool,
     /// `task_struct.sched_info` exists.
     pub sched_info: bool,
+    /// The cgroup iterator can read the kernel's per-CPU cgroup CPU time.
+    pub cgroup_rstat: bool,
 }
 
 impl KernelFeatures {
@@ -98,6 +107,7 @@ impl KernelFeatures {
             Need::Fexit => self.fexit,
             Need::TaskStorage => self.task_storage,
             Need::SchedInfo => self.sched_info,
+            Need::CgroupRstat => self.cgroup_rstat,
         }
     }
 
@@ -127,10 +137,23 @@ impl KernelFeatures {
                             .unwrap_or(false);
                 }
                 Need::SchedInfo => {}
+                Need::CgroupRstat => features.cgroup_rstat = cgroup_rstat_readable(btf),
             }
         }
         features
     }
+}
+
+/// Whether the kernel has the cgroup iterator (`struct bpf_iter__cgroup`), the helper that
+/// reads another CPU's per-CPU map value, and per-CPU cgroup CPU time at fields we can locate.
+fn cgroup_rstat_readable(btf: &Btf) -> bool {
+    let helper = btf.named("bpf_func_id", Kind::Enum).is_some_and(|ids| {
+        ids.enumerators()
+            .any(|(name, _)| name == "BPF_FUNC_map_lookup_percpu_elem")
+    });
+    helper
+        && btf.named("bpf_iter__cgroup", Kind::Struct).is_some()
+        && super::kernel_btf::rstat_offsets(btf).is_ok()
 }
 
 /// Arguments of tracepoint `name` as `tp_btf` programs see them: the parameters of

@@ -169,6 +169,46 @@ fn memory_controller_id(btf: &Btf) -> anyhow::Result<u32> {
         .ok_or_else(|| anyhow!("the kernel has no memory controller"))
 }
 
+/// Where the kernel keeps each cgroup's per-CPU CPU time (the rstat base stats), for the
+/// cgroup iterator, and where a per-CPU array keeps its per-CPU pointer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RstatOffsets {
+    /// The per-CPU pointer in `struct cgroup`: `rstat_base_cpu` (6.15+) or `rstat_cpu`.
+    pub cgroup_rstat_cpu: u32,
+    /// `bstat.cputime` in the per-CPU struct it points to.
+    pub cputime: u32,
+    /// `utime`, `stime` and `sum_exec_runtime` in `struct task_cputime`.
+    pub utime: u32,
+    /// See `utime`.
+    pub stime: u32,
+    /// See `utime`.
+    pub sum_exec_runtime: u32,
+    /// The union of `value`, `ptrs` and `pptrs` in `struct bpf_array`.
+    pub bpf_array_pptrs: u32,
+}
+
+/// The rstat offsets of this kernel (the per-CPU struct was split in 6.15).
+pub fn rstat_offsets(btf: &Btf) -> anyhow::Result<RstatOffsets> {
+    let (cgroup_rstat_cpu, cputime) = match member_offset(btf, "cgroup", &["rstat_base_cpu"]) {
+        Ok(offset) => (
+            offset,
+            member_offset(btf, "cgroup_rstat_base_cpu", &["bstat", "cputime"])?,
+        ),
+        Err(_) => (
+            member_offset(btf, "cgroup", &["rstat_cpu"])?,
+            member_offset(btf, "cgroup_rstat_cpu", &["bstat", "cputime"])?,
+        ),
+    };
+    Ok(RstatOffsets {
+        cgroup_rstat_cpu,
+        cputime,
+        utime: member_offset(btf, "task_cputime", &["utime"])?,
+        stime: member_offset(btf, "task_cputime", &["stime"])?,
+        sum_exec_runtime: member_offset(btf, "task_cputime", &["sum_exec_runtime"])?,
+        bpf_array_pptrs: member_offset(btf, "bpf_array", &["pptrs"])?,
+    })
+}
+
 fn sched_info_offsets(btf: &Btf) -> anyhow::Result<SchedInfoOffsets> {
     let field = |name| member_offset(btf, "task_struct", &["sched_info", name]);
     Ok(SchedInfoOffsets {
@@ -302,6 +342,12 @@ mod tests {
             ("task_struct", &["mm"]),
             ("css_set", &["dfl_cgrp"]),
             ("cgroup", &["kn"]),
+            ("cgroup", &["rstat_base_cpu"]),
+            ("cgroup_rstat_base_cpu", &["bstat", "cputime"]),
+            ("task_cputime", &["utime"]),
+            ("task_cputime", &["stime"]),
+            ("task_cputime", &["sum_exec_runtime"]),
+            ("bpf_array", &["pptrs"]),
             ("cgroup", &["root"]),
             ("cgroup", &["subsys"]),
             ("kernfs_node", &["id"]),

@@ -6,6 +6,7 @@
 //! measure is reported once, in one sentence, and marked in [`Measured`].
 
 mod btf_reader;
+pub mod cgroup_iter;
 pub mod features;
 pub mod kernel_btf;
 pub mod pin;
@@ -18,7 +19,7 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::Map,
     programs::{
-        BtfTracePoint, FExit, fexit::FExitLinkId, links::FdLink, tp_btf::BtfTracePointLinkId,
+        BtfTracePoint, FExit, Iter, fexit::FExitLinkId, links::FdLink, tp_btf::BtfTracePointLinkId,
     },
 };
 use probe_common::{
@@ -140,6 +141,9 @@ pub struct LoadOptions {
     pub groups: Vec<ProgramGroup>,
     /// Force the socket variant (the plan then acts as if the kernel lacked the other).
     pub net_attach: Option<NetAttach>,
+    /// Count CPU time with the sched_switch program even where the kernel's per-cgroup
+    /// accounting can be read (pin sets, benchmarks, tests of that variant).
+    pub cpu_by_sched_switch: bool,
     /// Endpoints kept per worker (the rest share its `other` entry).
     pub endpoints_per_worker: u32,
     /// Capacity of the endpoints map, every worker together.
@@ -162,6 +166,7 @@ impl Default for LoadOptions {
             max_workers: probe_common::DEFAULT_MAX_WORKERS,
             groups: ProgramGroup::DEFAULT.to_vec(),
             net_attach: None,
+            cpu_by_sched_switch: false,
             endpoints_per_worker: probe_common::net::DEFAULT_ENDPOINTS_PER_WORKER,
             max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
             processes: false,
@@ -182,6 +187,8 @@ pub struct Probe {
     maps: HashMap<String, Map>,
     /// What runs and what is missing on this kernel.
     plan: Plan,
+    /// The iterator that reads CPU time, when the plan chose it.
+    cpu_iter: Option<cgroup_iter::CgroupIter>,
     /// The pin set's lock, held while the collector lives (one agent per pin set).
     _lock: Option<std::fs::File>,
 }
@@ -198,6 +205,11 @@ impl Probe {
     /// Which measurements the attached programs make.
     pub fn measured(&self) -> Measured {
         self.plan.measured()
+    }
+
+    /// Takes the iterator that reads CPU time, when CPU time comes from it.
+    pub fn take_cpu_iter(&mut self) -> Option<cgroup_iter::CgroupIter> {
+        self.cpu_iter.take()
     }
 
     /// The plan that was attached.
@@ -243,12 +255,17 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
 /// [`load_and_attach`] up to the trim: the load's memory is freed when this returns.
 fn attach_unpinned(options: &LoadOptions) -> anyhow::Result<Probe> {
     let mut loaded = load(options)?;
-    attach_plan(&mut loaded)?;
+    let links = attach_plan(&mut loaded)?;
+    let cpu_iter = links.into_iter().find_map(|(_, link)| match link {
+        LinkId::Iter(iter) => Some(iter),
+        _ => None,
+    });
     switch_on_every_cpu();
     Ok(Probe {
         ebpf: Some(loaded.ebpf),
         maps: HashMap::new(),
         plan: loaded.plan,
+        cpu_iter,
         _lock: None,
     })
 }
@@ -308,6 +325,7 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         (loader.join(), facts, btf)
     });
     let KernelFacts {
+        rstat,
         family_offset,
         socket_sk_offset,
         task,
@@ -327,6 +345,9 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
             features.tracepoints.remove("sock_recv_length");
         }
         Some(NetAttach::Tracepoint) => features.fexit = false,
+    }
+    if options.cpu_by_sched_switch {
+        features.cgroup_rstat = false;
     }
     let mut groups = options.groups.clone();
     if options.processes && !groups.contains(&ProgramGroup::Processes) {
@@ -367,8 +388,40 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     for (name, offset) in PROCESS_OFFSET_GLOBALS.iter().zip(&process_offsets) {
         loader.override_global(name, offset, true);
     }
+    let rstat = if plan.cpu_from_rstat() {
+        rstat.unwrap_or_default()
+    } else {
+        kernel_btf::RstatOffsets::default()
+    };
+    let possible_cpus_u32 = u32::try_from(possible_cpus).unwrap_or(u32::MAX);
+    use probe_common::rstat as r;
+    // Read by the iterator and by the removal program once the iterator has walked.
+    let rstat_globals = [
+        (r::CGROUP_RSTAT_CPU_OFFSET_GLOBAL, rstat.cgroup_rstat_cpu),
+        (r::RSTAT_CPUTIME_OFFSET_GLOBAL, rstat.cputime),
+        (r::CPUTIME_UTIME_OFFSET_GLOBAL, rstat.utime),
+        (r::CPUTIME_STIME_OFFSET_GLOBAL, rstat.stime),
+        (r::CPUTIME_RUNTIME_OFFSET_GLOBAL, rstat.sum_exec_runtime),
+        (r::BPF_ARRAY_PPTRS_OFFSET_GLOBAL, rstat.bpf_array_pptrs),
+        (r::POSSIBLE_CPUS_GLOBAL, possible_cpus_u32),
+    ];
+    for (name, value) in &rstat_globals {
+        loader.override_global(name, value, true);
+    }
+    // A cgroup's times on each CPU it ran on: each walk's, and a removed worker's final ones
+    // until its summary.
+    let per_cgroup_cpu_entries = if plan.cpu_from_rstat() {
+        options
+            .max_workers
+            .saturating_mul(possible_cpus_u32)
+            .min(1 << 20)
+    } else {
+        1
+    };
     let ebpf = loader
         .btf(Some(&btf))
+        .map_max_entries(r::FINAL_CPU_MAP, per_cgroup_cpu_entries)
+        .map_max_entries(r::CPU_NOW_MAP, per_cgroup_cpu_entries)
         .override_global(PROCESSES_ON_GLOBAL, &processes_on, true)
         // The task storage map: the kernel knows it, aya 0.14 does not.
         .allow_unsupported_maps()
@@ -495,6 +548,8 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
 
 /// What the programs need to know of the kernel, read from its BTF.
 struct KernelFacts {
+    /// Where the kernel keeps per-cgroup CPU time (none: the iterator cannot read it).
+    rstat: Option<kernel_btf::RstatOffsets>,
     family_offset: u32,
     socket_sk_offset: u32,
     task: probe_common::task::TaskOffsets,
@@ -513,6 +568,7 @@ fn kernel_facts(bytes: &[u8]) -> anyhow::Result<KernelFacts> {
     let task = kernel_btf::task_offsets(&btf).context("locating task_struct's fields")?;
     let features = KernelFeatures::probe(&btf, &plan::all_needs(), task.sched_info.is_some());
     Ok(KernelFacts {
+        rstat: kernel_btf::rstat_offsets(&btf).ok(),
         family_offset: kernel_btf::sock_family_offset(&btf)
             .context("locating struct sock's family field")?,
         // Only the fexit variant reads it; a kernel without it plans no such variant.
@@ -535,6 +591,8 @@ pub(crate) enum LinkId {
     TpBtf(BtfTracePointLinkId),
     /// Of an fexit program.
     FExit(FExitLinkId),
+    /// Of an iterator: the agent walks it.
+    Iter(cgroup_iter::CgroupIter),
 }
 
 /// Attaches every program of the plan. When the kernel refuses one, the programs of its
@@ -629,6 +687,9 @@ fn preload(loaded: &mut Loaded) -> Vec<PlannedProgram> {
                         Attach::FExit(function) => {
                             <&mut FExit>::try_from(program).map(|p| p.load(function, btf))
                         }
+                        Attach::Iter(target) => {
+                            <&mut Iter>::try_from(program).map(|p| p.load(target, btf))
+                        }
                     };
                 }
             });
@@ -686,6 +747,30 @@ fn attach(ebpf: &mut Ebpf, btf: &Btf, planned: &PlannedProgram) -> Result<LinkId
                 .map(LinkId::FExit)
                 .map_err(|err| refused_because("attach", err))
         }
+        Attach::Iter(target) => {
+            let program: &mut Iter = program.try_into().map_err(|_| refused("find"))?;
+            if program.fd().is_err() {
+                program
+                    .load(target, btf)
+                    .map_err(|err| refused_because("load", err))?;
+            }
+            let fd = program.fd().map_err(|err| refused_because("load", err))?;
+            use std::os::fd::AsFd as _;
+            let iter = cgroup_iter::CgroupIter::attach(fd.as_fd()).map_err(|err| {
+                if debug {
+                    eprintln!("workerprobe: debug: {} attach: {err}", planned.program);
+                }
+                refused("attach")
+            })?;
+            // A first walk: a program the verifier passed can still fail to read.
+            iter.walk(&mut Vec::new()).map_err(|err| {
+                if debug {
+                    eprintln!("workerprobe: debug: {} walk: {err}", planned.program);
+                }
+                refused("run")
+            })?;
+            Ok(LinkId::Iter(iter))
+        }
     }
 }
 
@@ -708,6 +793,8 @@ pub(crate) fn take_link(
             let program: &mut FExit = program.try_into().with_context(context)?;
             FdLink::from(program.take_link(id).with_context(context)?)
         }
+        // Pin sets plan no iterator (`LoadOptions::cpu_attach`).
+        LinkId::Iter(_) => anyhow::bail!("an iterator's link is not kept in a pin set"),
     })
 }
 
@@ -719,6 +806,7 @@ fn unload(ebpf: &mut Ebpf, planned: &PlannedProgram) {
     let _ = match planned.attach {
         Attach::TpBtf(_) => <&mut BtfTracePoint>::try_from(program).map(|p| p.unload()),
         Attach::FExit(_) => <&mut FExit>::try_from(program).map(|p| p.unload()),
+        Attach::Iter(_) => <&mut Iter>::try_from(program).map(|p| p.unload()),
     };
 }
 

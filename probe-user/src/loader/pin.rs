@@ -429,10 +429,16 @@ pub fn open_or_create(options: &LoadOptions, dir: &Path) -> anyhow::Result<Probe
 
 /// First start: load, attach, pin.
 fn create(options: &LoadOptions, dir: &Path, lock: File) -> anyhow::Result<Probe> {
-    let mut loaded = super::load(options)?;
+    // A pin set's counters continue across agents: the switch program's counters do, the
+    // iterator's per-agent baseline would not.
+    let options = super::LoadOptions {
+        cpu_by_sched_switch: true,
+        ..options.clone()
+    };
+    let mut loaded = super::load(&options)?;
     // Attach first: the kernel may refuse a variant, and the description records the outcome.
     let links = super::attach_plan(&mut loaded)?;
-    let meta = Meta::new(options, &loaded);
+    let meta = Meta::new(&options, &loaded);
     // The description before any pin: whatever happens next, `unpin` knows the set.
     write_meta(dir, &meta)?;
     for name in &meta.maps {
@@ -451,6 +457,7 @@ fn create(options: &LoadOptions, dir: &Path, lock: File) -> anyhow::Result<Probe
     }
     super::switch_on_every_cpu();
     Ok(Probe {
+        cpu_iter: None,
         ebpf: Some(loaded.ebpf),
         maps: HashMap::new(),
         plan: loaded.plan,
@@ -502,6 +509,7 @@ fn open_pinned(
         maps.insert(name.clone(), map);
     }
     Ok(Probe {
+        cpu_iter: None,
         ebpf: None,
         maps,
         plan: recorded_plan(meta),

@@ -18,6 +18,8 @@ pub enum Attach {
     TpBtf(&'static str),
     /// `fexit` on the named kernel function.
     FExit(&'static str),
+    /// A BPF iterator over the named kind of kernel object, walked at each sample.
+    Iter(&'static str),
 }
 
 impl Attach {
@@ -26,13 +28,14 @@ impl Attach {
         match self {
             Attach::TpBtf(_) => "tp_btf",
             Attach::FExit(_) => "fexit",
+            Attach::Iter(_) => "iter",
         }
     }
 
     /// The tracepoint or function.
     pub fn target(&self) -> &'static str {
         match self {
-            Attach::TpBtf(target) | Attach::FExit(target) => target,
+            Attach::TpBtf(target) | Attach::FExit(target) | Attach::Iter(target) => target,
         }
     }
 }
@@ -128,15 +131,30 @@ const ATTACH_TASK: Need = Need::Tracepoint {
     args: 4,
 };
 
-const CPU: &[Variant] = &[Variant {
-    name: "tp_btf sched_switch, cgroup_attach_task",
-    needs: &[SCHED_SWITCH, ATTACH_TASK, Need::TaskStorage],
-    programs: &[
-        tp("switch_cpu", "sched_switch"),
-        tp("moved", "cgroup_attach_task"),
-    ],
+/// The kernel's own per-CPU cgroup CPU time read by a cgroup iterator at each sample: no
+/// program on any scheduler event. It has no context switches; the switch variant counts them.
+pub const CPU_RSTAT: Variant = Variant {
+    name: "iter/cgroup over the kernel's per-CPU cgroup CPU time",
+    needs: &[Need::CgroupRstat],
+    programs: &[PlannedProgram {
+        program: "cpu_rstat",
+        attach: Attach::Iter("cgroup"),
+    }],
     extras: &[],
-}];
+};
+
+const CPU: &[Variant] = &[
+    CPU_RSTAT,
+    Variant {
+        name: "tp_btf sched_switch, cgroup_attach_task",
+        needs: &[SCHED_SWITCH, ATTACH_TASK, Need::TaskStorage],
+        programs: &[
+            tp("switch_cpu", "sched_switch"),
+            tp("moved", "cgroup_attach_task"),
+        ],
+        extras: &[],
+    },
+];
 
 const DELAYS: &[Variant] = &[Variant {
     name: "tp_btf sched_switch, sched_wakeup, cgroup_attach_task",
@@ -457,6 +475,7 @@ impl Plan {
             asked.contains(&group) && matches!(choose(group), GroupPlan::Runs(_))
         };
         let (waits_run, delays_run) = (runs(ProgramGroup::Waits), runs(ProgramGroup::Delays));
+        let processes_asked = asked.contains(&ProgramGroup::Processes);
         let net_runs = asked.contains(&ProgramGroup::Net)
             && matches!(choose(ProgramGroup::Net), GroupPlan::Runs(_));
         let groups = asked
@@ -470,6 +489,8 @@ impl Plan {
                         GroupPlan::Within(ProgramGroup::Waits)
                     }
                     ProgramGroup::Cpu if delays_run => GroupPlan::Within(ProgramGroup::Delays),
+                    // Process workers' threads end in the switch programs.
+                    ProgramGroup::Cpu if processes_asked => after_rstat(features),
                     ProgramGroup::Endpoints if net_runs => GroupPlan::Within(ProgramGroup::Net),
                     ProgramGroup::Endpoints => GroupPlan::Missing(vec![
                         "socket bytes (--programs net), whose programs keep them".into(),
@@ -574,6 +595,14 @@ impl Plan {
         programs
     }
 
+    /// Whether CPU time is read from the kernel's per-cgroup accounting by the iterator.
+    pub fn cpu_from_rstat(&self) -> bool {
+        self.groups.iter().any(|(group, plan)| {
+            *group == ProgramGroup::Cpu
+                && matches!(plan, GroupPlan::Runs(variant) if variant.name == CPU_RSTAT.name)
+        })
+    }
+
     /// Which measurements the attached programs make.
     pub fn measured(&self) -> Measured {
         let runs = |group: ProgramGroup| {
@@ -583,6 +612,9 @@ impl Plan {
         };
         Measured {
             cpu: runs(ProgramGroup::Cpu) || runs(ProgramGroup::Delays) || runs(ProgramGroup::Waits),
+            switches: (runs(ProgramGroup::Cpu) && !self.cpu_from_rstat())
+                || runs(ProgramGroup::Delays)
+                || runs(ProgramGroup::Waits),
             delays: runs(ProgramGroup::Delays) || runs(ProgramGroup::Waits),
             waits: runs(ProgramGroup::Waits),
             net: runs(ProgramGroup::Net),
@@ -623,10 +655,16 @@ impl Plan {
                 .groups
                 .iter()
                 .any(|(g, plan)| *g == ProgramGroup::Delays && matches!(plan, GroupPlan::Runs(_)));
+            let processes_asked = self
+                .groups
+                .iter()
+                .any(|(g, _)| *g == ProgramGroup::Processes);
             for (g, plan) in &mut self.groups {
                 if *g == ProgramGroup::Cpu && *plan == GroupPlan::Within(group) {
                     *plan = if delays_runs {
                         GroupPlan::Within(ProgramGroup::Delays)
+                    } else if processes_asked {
+                        after_rstat(&features)
                     } else {
                         choose(*g, &features, 0, Vec::new())
                     };
@@ -709,6 +747,11 @@ impl Plan {
     }
 }
 
+/// CPU time by the first variant after the iterator's that `features` allows.
+fn after_rstat(features: &KernelFeatures) -> GroupPlan {
+    choose(ProgramGroup::Cpu, features, 1, Vec::new())
+}
+
 /// The variants that run, with their groups.
 fn running_variants(
     groups: &[(ProgramGroup, GroupPlan)],
@@ -760,6 +803,7 @@ mod tests {
             fexit: true,
             task_storage: true,
             sched_info: true,
+            cgroup_rstat: true,
             ..KernelFeatures::default()
         };
         for (name, args) in [
@@ -791,6 +835,34 @@ mod tests {
 
     fn names(plan: &Plan) -> Vec<&'static str> {
         plan.programs().iter().map(|p| p.program).collect()
+    }
+
+    #[test]
+    fn cpu_alone_is_read_by_the_iterator_where_the_kernel_has_it() {
+        let cpu_alone = Plan::new(&[ProgramGroup::Cpu, ProgramGroup::Lifecycle], &linux_6_1());
+        assert!(cpu_alone.cpu_from_rstat());
+        assert!(!names(&cpu_alone).iter().any(|p| p.starts_with("switch_")));
+        let measured = cpu_alone.measured();
+        assert!(measured.cpu && !measured.switches);
+        // With delays their switch program counts CPU time and switches too.
+        let with_delays = Plan::new(&[ProgramGroup::Cpu, ProgramGroup::Delays], &linux_6_1());
+        assert!(!with_delays.cpu_from_rstat());
+        assert!(with_delays.measured().switches);
+        // Process workers' threads end in the switch program.
+        let processes = Plan::new(&[ProgramGroup::Cpu, ProgramGroup::Processes], &linux_6_1());
+        assert!(names(&processes).contains(&"switch_cpu"));
+        // Without the iterator: the switch program.
+        let old = KernelFeatures {
+            cgroup_rstat: false,
+            ..linux_6_1()
+        };
+        let fallback = Plan::new(&[ProgramGroup::Cpu], &old);
+        assert_eq!(names(&fallback), ["moved", "switch_cpu"]);
+        assert!(fallback.measured().switches);
+        // A refused iterator falls back to it too.
+        let mut refused = Plan::new(&[ProgramGroup::Cpu], &linux_6_1());
+        refused.fall_back(ProgramGroup::Cpu, "a reason".into());
+        assert_eq!(names(&refused), ["moved", "switch_cpu"]);
     }
 
     /// 6.1's features less the protocols' `sendpage`, which 6.5 removed.
@@ -945,9 +1017,10 @@ mod tests {
     #[test]
     fn one_switch_program_at_a_time() {
         let features = linux_6_1();
+        // CPU time alone needs no switch program where the kernel has the cgroup iterator.
         assert_eq!(
             names(&Plan::new(&[ProgramGroup::Cpu], &features)),
-            ["moved", "switch_cpu"]
+            ["cpu_rstat"]
         );
         assert_eq!(
             names(&Plan::new(
@@ -956,12 +1029,15 @@ mod tests {
             )),
             ["moved", "switch_full", "wakeup", "wakeup_new"]
         );
-        // Without run-queue accounting the CPU program takes over.
+        // Without run-queue accounting CPU time is measured on its own.
         let mut no_sched_info = features.clone();
         no_sched_info.sched_info = false;
         let plan = Plan::new(&[ProgramGroup::Cpu, ProgramGroup::Delays], &no_sched_info);
-        assert_eq!(names(&plan), ["moved", "switch_cpu"]);
+        assert_eq!(names(&plan), ["cpu_rstat"]);
         assert!(plan.measured().cpu && !plan.measured().delays);
+        no_sched_info.cgroup_rstat = false;
+        let plan = Plan::new(&[ProgramGroup::Cpu, ProgramGroup::Delays], &no_sched_info);
+        assert_eq!(names(&plan), ["moved", "switch_cpu"]);
         assert_eq!(
             names(&Plan::new(&[ProgramGroup::Floor], &features)),
             ["switch_floor"]
@@ -970,8 +1046,10 @@ mod tests {
 
     #[test]
     fn an_old_sched_switch_leaves_cpu_out() {
+        // 5.15: sched_switch without prev_state, and no cgroup iterator (6.1+).
         let mut features = linux_6_1();
         features.tracepoints.insert("sched_switch".into(), 3);
+        features.cgroup_rstat = false;
         let plan = Plan::new(&ProgramGroup::DEFAULT, &features);
         let measured = plan.measured();
         assert!(!measured.cpu && !measured.delays && measured.net);
@@ -1011,13 +1089,7 @@ mod tests {
         plan.fall_back(ProgramGroup::Delays, "no".into());
         assert_eq!(
             names(&plan),
-            [
-                "cgroup_mkdir",
-                "cgroup_rmdir",
-                "moved",
-                "process_exit",
-                "switch_cpu"
-            ]
+            ["cgroup_mkdir", "cgroup_rmdir", "cpu_rstat", "process_exit"]
         );
     }
 

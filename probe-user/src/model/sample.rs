@@ -60,8 +60,13 @@ pub struct Drops {
 /// measured (null, `n/a`) downstream, never as zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Measured {
-    /// On-CPU time per CPU and context switches.
+    /// On-CPU time per CPU (and its user/system split).
     pub cpu: bool,
+    /// Context switches (counted by the sched_switch programs; CPU time read from the
+    /// kernel's own per-cgroup accounting has none). Absent in older recordings: they counted
+    /// them with CPU time.
+    #[serde(default = "counted_before")]
+    pub switches: bool,
     /// Run-queue wait, blocked on I/O and sleep.
     pub delays: bool,
     /// Socket bytes and calls.
@@ -84,11 +89,17 @@ pub struct Measured {
     pub exit_rss: bool,
 }
 
+/// What a recording made before a field existed measured.
+fn counted_before() -> bool {
+    true
+}
+
 impl Default for Measured {
     /// Everything: what every recording made before this field existed measured.
     fn default() -> Self {
         Self {
             cpu: true,
+            switches: true,
             delays: true,
             net: true,
             lifecycle: true,

@@ -88,7 +88,7 @@ pub struct ExitSummary {
     /// Memory, when a source had it.
     pub memory: Option<SummaryMemory>,
     /// Context switches.
-    pub context_switches: SummarySwitches,
+    pub context_switches: Option<SummarySwitches>,
     /// The same numbers under the names and units of Lithops' worker stats.
     pub lithops: LithopsView,
     /// For `workerprobe exec`: the command and how it ended.
@@ -343,10 +343,10 @@ impl ExitSummary {
                 families,
             }),
             memory: memory.clone(),
-            context_switches: SummarySwitches {
+            context_switches: measured.switches.then_some(SummarySwitches {
                 voluntary: stats.voluntary_switches,
                 involuntary: stats.involuntary_switches,
-            },
+            }),
             lithops: LithopsView {
                 worker_func_cpu_usage: stats
                     .cpu_cores_per_cpu()
@@ -432,7 +432,10 @@ mod tests {
         assert_eq!(summary.lithops.worker_func_cpu_user_time, Some(1.0));
         assert_eq!(summary.lithops.worker_func_sent_net_io, Some(1234));
         assert_eq!(summary.lithops.worker_peak_memory_end, Some(300));
-        assert_eq!(summary.context_switches.voluntary, 3);
+        assert_eq!(
+            summary.context_switches.as_ref().map(|s| s.voluntary),
+            Some(3)
+        );
         let ipv4 = &summary.net.as_ref().unwrap().families["ipv4"];
         assert_eq!(
             (ipv4.sent_bytes, ipv4.sent_calls, ipv4.received_bytes),

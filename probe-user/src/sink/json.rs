@@ -103,10 +103,10 @@ pub struct CpuDocument {
     pub user_seconds: Option<f64>,
     /// Kernel-mode seconds from the cgroup's cpu.stat (null if not read).
     pub system_seconds: Option<f64>,
-    /// Switches where a thread gave up the CPU (blocked or slept).
-    pub voluntary_switches: u64,
-    /// Switches where a thread was preempted while runnable.
-    pub involuntary_switches: u64,
+    /// Switches where a thread gave up the CPU (blocked or slept); null when not measured.
+    pub voluntary_switches: Option<u64>,
+    /// Switches where a thread was preempted while runnable; null when not measured.
+    pub involuntary_switches: Option<u64>,
 }
 
 /// Where a worker's thread time went in a window. Shares are of the window's length per
@@ -240,8 +240,8 @@ impl WorkerDocument {
                     .collect(),
                 user_seconds: worker.cpu_user_ns.map(seconds),
                 system_seconds: worker.cpu_system_ns.map(seconds),
-                voluntary_switches: worker.voluntary_switches,
-                involuntary_switches: worker.involuntary_switches,
+                voluntary_switches: measured.switches.then_some(worker.voluntary_switches),
+                involuntary_switches: measured.switches.then_some(worker.involuntary_switches),
             },
             time: measured
                 .delays

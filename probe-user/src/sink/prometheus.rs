@@ -319,7 +319,7 @@ fn encode_exposition(e: &Exposition, encoder: &mut DescriptorEncoder) -> fmt::Re
                 .collect(),
         )?;
     }
-    if e.measured.cpu {
+    if e.measured.cpu && e.measured.switches {
         let mut switches = Vec::new();
         for w in workers {
             let sum = |pick: fn(&probe_common::cpu::CpuStats) -> u64| {
@@ -1300,6 +1300,7 @@ mod tests {
                 endpoints: false,
                 waits: false,
                 cpu: true,
+                switches: true,
                 delays: false,
                 net: false,
                 splice_reads: false,

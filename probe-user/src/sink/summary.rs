@@ -172,11 +172,18 @@ pub fn report(summary: &ExitSummary) -> String {
         }
         (None, None) => {}
     }
-    let _ = writeln!(
-        out,
-        "  switches   voluntary {} · involuntary {}",
-        summary.context_switches.voluntary, summary.context_switches.involuntary
-    );
+    match &summary.context_switches {
+        Some(switches) => {
+            let _ = writeln!(
+                out,
+                "  switches   voluntary {} · involuntary {}",
+                switches.voluntary, switches.involuntary
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  switches   not measured");
+        }
+    }
     out
 }
 

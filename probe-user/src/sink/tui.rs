@@ -597,7 +597,7 @@ impl Detail {
         };
         delays.push(memory_line(worker));
         let net = if measured.net {
-            net_lines(worker, namer)
+            net_lines(worker, namer, measured.switches)
         } else {
             vec![not_measured("socket bytes")]
         };
@@ -752,6 +752,7 @@ fn delay_lines(worker: &WorkerStats) -> Vec<Line<'static>> {
 fn net_lines(
     worker: &WorkerStats,
     namer: &crate::model::endpoints::EndpointNamer,
+    switches_measured: bool,
 ) -> Vec<Line<'static>> {
     // Cells joined by spaces never touch, however large a count grows.
     let mut lines = vec![
@@ -782,7 +783,9 @@ fn net_lines(
     let voluntary = format!("switches: {} voluntary,", worker.voluntary_switches);
     let involuntary = format!("{} involuntary", worker.involuntary_switches);
     // On two lines when the counts are too long for one.
-    if voluntary.len() + 1 + involuntary.len() <= NET_WIDTH as usize {
+    if !switches_measured {
+        lines.push(Line::from("switches: not measured"));
+    } else if voluntary.len() + 1 + involuntary.len() <= NET_WIDTH as usize {
         lines.push(Line::from(format!("{voluntary} {involuntary}")));
     } else {
         lines.push(Line::from(voluntary));

@@ -618,6 +618,7 @@ pub fn build(recording: &Recording, choice: &Choice, name: &str) -> Result<Pictu
                 let run = segment.header.measured;
                 crate::model::Measured {
                     cpu: all.cpu && run.cpu,
+                    switches: all.switches && run.switches,
                     delays: all.delays && run.delays,
                     net: all.net && run.net,
                     lifecycle: all.lifecycle && run.lifecycle,

@@ -1,0 +1,220 @@
+//! `iter/cgroup`: every cgroup's CPU time per CPU from the kernel's own accounting (the rstat
+//! base stats the scheduler adds each slice to), written to a map at each sample's walk (a
+//! cgroup iterator's own output holds 8 pages a walk, too few for a node's cgroups times its
+//! CPUs); and the same read at a cgroup's removal, kept for its final numbers. With these, CPU
+//! time per worker needs no program on `sched_switch`.
+//!
+//! The base stats are per-CPU kernel memory: a CPU's copy is at the per-CPU pointer plus that
+//! CPU's per-CPU offset. Without kernel symbols the offset is learnt from a per-CPU array of
+//! our own: `bpf_map_lookup_percpu_elem` gives a CPU's copy of its element, the array's
+//! `pptrs[0]` the per-CPU pointer it was made from; the difference is the CPU's offset. The
+//! addresses are taken as numbers through a map slot, which the kernel allows a program loaded
+//! with CAP_PERFMON, and read with `bpf_probe_read_kernel`, which faults safely.
+
+use core::{
+    ffi::c_void,
+    ptr::{read_volatile, write_volatile},
+};
+
+use aya_ebpf::{
+    Global,
+    helpers::{bpf_probe_read_kernel, generated::bpf_map_lookup_percpu_elem},
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use probe_common::{
+    drops::{DROP_CPU_NOW, DROP_FINAL_CPU},
+    rstat::{MAX_CPUS, RstatCpu, RstatKey, RstatNow},
+};
+
+use crate::{
+    sched::{BPF_F_NO_PREALLOC, count_drop},
+    task,
+};
+
+#[unsafe(no_mangle)]
+static CGROUP_RSTAT_CPU_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static RSTAT_CPUTIME_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CPUTIME_UTIME_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CPUTIME_STIME_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CPUTIME_RUNTIME_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static BPF_ARRAY_PPTRS_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static POSSIBLE_CPUS: Global<u32> = Global::new(1);
+
+/// A per-CPU array whose own storage tells each CPU's per-CPU offset.
+#[map]
+static PERCPU_BASE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Where an address is stored to be read back as a number.
+#[map]
+static ADDRESS_SLOT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Every cgroup's times per CPU, as the last walk that visited it found them.
+#[map]
+static CPU_NOW: HashMap<RstatKey, RstatNow> = HashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
+
+/// The id of the last walk that ended.
+#[map]
+static LAST_WALK: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Removed cgroups' times per CPU at their removal, until user space finishes them.
+#[map]
+static FINAL_CPU: HashMap<RstatKey, RstatCpu> = HashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
+
+/// Whether CPU time comes from here: the iterator has walked (the agent walks once when it
+/// attaches it), so the removal program keeps final times for it.
+#[inline(always)]
+pub fn on() -> bool {
+    LAST_WALK.get(0).is_some_and(|walk| *walk != 0)
+}
+
+/// `iter/cgroup` (`struct bpf_iter__cgroup { struct bpf_iter_meta *meta; struct cgroup
+/// *cgroup; }`): puts the cgroup's times on each CPU it ran on in [`CPU_NOW`].
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/cgroup")]
+pub fn cpu_rstat(ctx: *mut c_void) -> i32 {
+    // SAFETY: the context's two pointers, loads the verifier checks against BTF; the walk's
+    // id is `meta->session_id`, after its seq_file pointer.
+    let (walk, cgroup) = unsafe {
+        let meta = read_volatile(ctx as *const *const u64);
+        if meta.is_null() {
+            return 0;
+        }
+        let walk = read_volatile(meta.add(1));
+        let cgroup = read_volatile((ctx as *const task::Cgroup).add(1));
+        if cgroup.is_null() {
+            // The walk's end: what it did not rewrite is of cgroups that are gone.
+            if let Some(done) = LAST_WALK.get_ptr_mut(0) {
+                write_volatile(done, walk);
+            }
+            return 0;
+        }
+        (walk, cgroup)
+    };
+    for_each_cpu(cgroup, task::id_of_cgroup(cgroup), |key, cpu| {
+        let now = RstatNow { cpu, walk };
+        // In place when the entry is there (the walks run one at a time, in the agent's
+        // sampling thread, which reads the map after each): no allocation per CPU per walk.
+        match CPU_NOW.get_ptr_mut(key) {
+            // SAFETY: a value of this map; no other writer (see above).
+            Some(entry) => unsafe { write_volatile(entry, now) },
+            None => {
+                if CPU_NOW.insert(key, now, 0).is_err() {
+                    count_drop(DROP_CPU_NOW);
+                }
+            }
+        }
+    });
+    0
+}
+
+/// At a cgroup's removal: keeps its times per CPU for user space's final read.
+#[inline(always)]
+pub fn keep_final(cgroup: task::Cgroup, cgroup_id: u64) {
+    for_each_cpu(cgroup, cgroup_id, |key, cpu| {
+        if FINAL_CPU.insert(key, cpu, 0).is_err() {
+            count_drop(DROP_FINAL_CPU);
+        }
+    });
+}
+
+/// Calls `each` with the cgroup's times on every possible CPU it ran on.
+#[inline(always)]
+fn for_each_cpu(cgroup: task::Cgroup, cgroup_id: u64, mut each: impl FnMut(RstatKey, RstatCpu)) {
+    let Some(rstat) = per_cpu_pointer(cgroup) else {
+        return;
+    };
+    let Some(per_cpu_pointer_0) = base_per_cpu_pointer() else {
+        return;
+    };
+    let cputime = u64::from(RSTAT_CPUTIME_OFFSET.load());
+    let possible = POSSIBLE_CPUS.load();
+    for cpu in 0..MAX_CPUS {
+        if cpu >= possible {
+            break;
+        }
+        let Some(copy) = base_copy_address(cpu) else {
+            continue;
+        };
+        let cpu_offset = copy.wrapping_sub(per_cpu_pointer_0);
+        let times = rstat.wrapping_add(cpu_offset).wrapping_add(cputime);
+        let runtime_ns = read_u64(times, CPUTIME_RUNTIME_OFFSET.load());
+        if runtime_ns == 0 {
+            continue;
+        }
+        each(
+            RstatKey {
+                cgroup_id,
+                cpu,
+                reserved: 0,
+            },
+            RstatCpu {
+                runtime_ns,
+                user_tick_ns: read_u64(times, CPUTIME_UTIME_OFFSET.load()),
+                system_tick_ns: read_u64(times, CPUTIME_STIME_OFFSET.load()),
+            },
+        );
+    }
+}
+
+/// The cgroup's per-CPU base stats pointer, as a number.
+#[inline(always)]
+fn per_cpu_pointer(cgroup: task::Cgroup) -> Option<u64> {
+    let cgroup = as_number(cgroup as u64)?;
+    let rstat = read_u64(cgroup, CGROUP_RSTAT_CPU_OFFSET.load());
+    (rstat != 0).then_some(rstat)
+}
+
+/// `PERCPU_BASE`'s per-CPU pointer (`pptrs[0]` of its `struct bpf_array`).
+#[inline(always)]
+fn base_per_cpu_pointer() -> Option<u64> {
+    let map = &PERCPU_BASE as *const PerCpuArray<u64> as u64;
+    let map = as_number(map)?;
+    let pointer = read_u64(map, BPF_ARRAY_PPTRS_OFFSET.load());
+    (pointer != 0).then_some(pointer)
+}
+
+/// The address of `PERCPU_BASE`'s element on `cpu`.
+#[inline(always)]
+fn base_copy_address(cpu: u32) -> Option<u64> {
+    let key = 0u32;
+    // SAFETY: a per-CPU array and a key of its key size; `cpu` below the possible CPUs.
+    let copy = unsafe {
+        bpf_map_lookup_percpu_elem(
+            &PERCPU_BASE as *const PerCpuArray<u64> as *mut c_void,
+            &key as *const u32 as *const c_void,
+            cpu,
+        )
+    };
+    if copy.is_null() {
+        return None;
+    }
+    as_number(copy as u64)
+}
+
+/// A kernel address as a plain number (stored in a map slot and read back). Only the iterator
+/// and the removal program use the slot, and both run under the kernel's cgroup mutex, so
+/// neither can come between the other's store and load on a CPU.
+#[inline(always)]
+fn as_number(address: u64) -> Option<u64> {
+    let slot = ADDRESS_SLOT.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot; volatile so the round trip is kept.
+    unsafe {
+        write_volatile(slot, address);
+        Some(read_volatile(slot))
+    }
+}
+
+/// The `u64` at `base + offset` in kernel memory, 0 if it cannot be read.
+#[inline(always)]
+fn read_u64(base: u64, offset: u32) -> u64 {
+    // SAFETY: bpf_probe_read_kernel faults safely.
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(u64::from(offset)) as *const u64) }
+        .unwrap_or(0)
+}
