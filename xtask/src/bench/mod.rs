@@ -67,9 +67,13 @@ pub struct ProgCostRecord {
 /// Name prefixes of workerprobe's kernel programs: every group's programs start so.
 const AGENT_PROG_PREFIXES: &[&str] = &["switch_", "sock_", "wakeup"];
 
+/// The per-event section's first agent: the floor and the CPU group's sched_switch program
+/// (forced: on its own the CPU group reads the kernel's accounting with an iterator).
+const FLOOR_AND_CPU: &str = "floor,cpu --cpu-attach sched-switch";
+
 /// Owner label of the per-event section's first agent: the floor and the CPU programs.
 pub fn cpu_owner() -> String {
-    "workerprobe --programs floor,cpu".to_owned()
+    format!("workerprobe --programs {FLOOR_AND_CPU}")
 }
 
 /// The agent arguments for `groups` with no slots: every worker's counters and every
@@ -591,7 +595,7 @@ fn per_event_costs(
         // appeared when it attached.
         let mut owners: Vec<(String, u64)> = Vec::new();
         let mut agents = Vec::new();
-        let agents_to_start = ["floor,cpu".to_owned(), env.all_groups.clone()]
+        let agents_to_start = [FLOOR_AND_CPU.to_owned(), env.all_groups.clone()]
             .into_iter()
             .map(|groups| (groups, true))
             .chain(more_agents.iter().map(|groups| (groups.clone(), false)));
