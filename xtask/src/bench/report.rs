@@ -624,11 +624,10 @@ fn targets(r: &Results) -> Vec<Target> {
                  memory.peak on cgroup2; on this hybrid host, where v1 holds the memory \
                  controller, the worker's cgroup.procs and each process's statm), kept open and \
                  re-read from their start; a fifth reading the per-CPU counters of the slots in \
-                 use in batches; the rest turning counters into intervals. One read for every \
-                 cgroup is a BPF iterator over cgroups reading the kernel's own per-CPU \
-                 counters: shown to work on 6.1, 6.12 and 6.18 in an experiment (issue 14: a raw \
-                 link for the iterator's walk order, per-CPU offsets from a per-CPU map), not \
-                 built into the agent yet.",
+                 use in batches; the rest turning counters into intervals. This is the agent \
+                 with every group; with CPU time alone, a cgroup iterator reads every cgroup's \
+                 per-CPU times in one walk instead. Reading the memory counters in that walk too \
+                 is the step left for the memory third.",
                 c.cpu_percent * 10.0,
                 c.workers
             ),
