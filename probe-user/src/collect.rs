@@ -142,6 +142,7 @@ pub struct KernelCollector {
 impl KernelCollector {
     /// Takes the maps out of `probe`.
     pub fn new(mut probe: Probe, cgroups: CgroupIndex) -> anyhow::Result<Self> {
+        let cpu_iter = probe.take_cpu_iter();
         let mut take = |name: &str| {
             probe
                 .take_map(name)
@@ -194,24 +195,19 @@ impl KernelCollector {
             );
         let process_peaks = PerCpuHashMap::try_from(take(PROCESS_PEAKS_MAP)?)
             .with_context(|| format!("map {PROCESS_PEAKS_MAP}"))?;
-        let measured = probe.measured();
-        let take_rstat = |probe: &mut Probe, name: &str| {
-            probe
-                .take_map(name)
-                .with_context(|| format!("map {name} missing from the eBPF object"))
-        };
         let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?;
-        let rstat = match probe.take_cpu_iter() {
+        let rstat = match cpu_iter {
             Some(iter) => {
                 let maps = crate::collect_rstat::RstatMaps {
-                    cpu_now: take_rstat(&mut probe, probe_common::rstat::CPU_NOW_MAP)?,
-                    last_walk: take_rstat(&mut probe, probe_common::rstat::LAST_WALK_MAP)?,
-                    final_cpu: take_rstat(&mut probe, probe_common::rstat::FINAL_CPU_MAP)?,
+                    cpu_now: take(probe_common::rstat::CPU_NOW_MAP)?,
+                    last_walk: take(probe_common::rstat::LAST_WALK_MAP)?,
+                    final_cpu: take(probe_common::rstat::FINAL_CPU_MAP)?,
                 };
                 Some(RstatReader::new(iter, maps, cpus)?)
             }
             None => None,
         };
+        let measured = probe.measured();
         Ok(Self {
             rstat,
             measured,

@@ -58,7 +58,8 @@ impl RstatReader {
         Ok(reader)
     }
 
-    /// Every cgroup's CPU time per CPU since the agent started (cgroups with none left out).
+    /// Every cgroup's CPU time per CPU since the agent started (cgroups with none left out,
+    /// as the programs leave out cgroups that did nothing since they were attached).
     pub fn read(&mut self) -> anyhow::Result<TimesByCgroup> {
         let mut times = self.walk_raw()?;
         for (cgroup_id, per_cpu) in times.iter_mut() {
@@ -66,6 +67,7 @@ impl RstatReader {
                 subtract(per_cpu, before);
             }
         }
+        times.retain(|_, per_cpu| per_cpu.iter().any(|cpu| cpu.runtime_ns > 0));
         Ok(times)
     }
 
