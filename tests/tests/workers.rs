@@ -204,10 +204,19 @@ fn known_layouts_are_named() {
 /// Runs `workerprobe exec --json --output FILE -- args…`; returns its status, its stdout and
 /// the summary.
 fn exec(args: &[&str]) -> (std::process::ExitStatus, String, serde_json::Value) {
+    exec_with(&[], args)
+}
+
+/// [`exec`] with more of exec's options (`flags`) before the command.
+fn exec_with(
+    flags: &[&str],
+    args: &[&str],
+) -> (std::process::ExitStatus, String, serde_json::Value) {
     let summary_file = std::env::temp_dir().join(format!("wp-exec-{}.json", std::process::id()));
     let output = Command::new(workerprobe_path())
         .arg("exec")
         .arg("--json")
+        .args(flags)
         .arg("--output")
         .arg(&summary_file)
         .arg("--")
@@ -234,20 +243,13 @@ fn exec_with_cpu_alone_reports_the_kernels_cpu_and_no_switches() {
     let parent = mount.join("workerprobe");
     std::fs::create_dir_all(&parent).expect("exec parent");
     let before = cgroup::read_cpu_stat(&parent).expect("cpu.stat").usage_usec;
-    let summary_file = temp_path("exec-cpu-alone", "summary.json");
-    let output = Command::new(workerprobe_path())
-        .args(["exec", "--json", "--programs", "cpu,workers", "--output"])
-        .arg(&summary_file)
-        .arg("--")
-        .arg(workload_path())
-        .args(["spin", "300", "2"])
-        .output()
-        .expect("run workerprobe exec");
+    let workload = workload_path().display().to_string();
+    let (status, _, summary) = exec_with(
+        &["--programs", "cpu,workers"],
+        &[&workload, "spin", "300", "2"],
+    );
     let after = cgroup::read_cpu_stat(&parent).expect("cpu.stat").usage_usec;
-    assert!(output.status.success(), "exec failed: {output:?}");
-    let text = std::fs::read_to_string(&summary_file).expect("summary");
-    let _ = std::fs::remove_file(&summary_file);
-    let summary: serde_json::Value = serde_json::from_str(text.trim()).expect("JSON");
+    assert!(status.success(), "exec failed: {status:?}");
     let kernel_s = (after - before) as f64 / 1e6;
     let ours_s = summary["cpu"]["total_seconds"].as_f64().expect("cpu");
     eprintln!("exec, cpu alone: ours {ours_s}s, cpu.stat {kernel_s}s");
