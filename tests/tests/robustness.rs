@@ -165,22 +165,30 @@ fn status_bytes(pid: u32, field: &str) -> u64 {
 
 #[test]
 fn more_workers_than_the_maps_hold_are_counted_as_drops_with_one_warning() {
+    // CPU time through the switch program, whose per-worker map fills.
+    overfull_maps(&["--cpu-attach", "sched-switch"], "cpu_stats");
+    // CPU time through the cgroup iterator, whose map of times per worker and CPU fills.
+    overfull_maps(&[], "cpu_now");
+}
+
+/// Twenty workers where the maps hold eight: `map`'s drops are counted, and one warning
+/// names it.
+fn overfull_maps(flags: &[&str], map: &str) {
     require_root();
     let started = Instant::now();
     let mount = cgroup::find_cgroup2_mount().expect("cgroup2");
-    let (mut agent, stderr) = start_agent_with_stderr(
-        &[
-            "snapshot",
-            "--json",
-            "--duration",
-            "3s",
-            "--max-workers",
-            "8",
-            "--programs",
-            "cpu,net",
-        ],
-        "attached",
-    );
+    let mut args = vec![
+        "snapshot",
+        "--json",
+        "--duration",
+        "3s",
+        "--max-workers",
+        "8",
+        "--programs",
+        "cpu,net",
+    ];
+    args.extend_from_slice(flags);
+    let (mut agent, stderr) = start_agent_with_stderr(&args, "attached");
     let stdout = drain(agent.stdout.take().expect("stdout"));
     let stderr = drain(stderr);
     // Twenty workers, each spinning 300 ms, where the maps have room for eight cgroups.
@@ -217,12 +225,12 @@ fn more_workers_than_the_maps_hold_are_counted_as_drops_with_one_warning() {
     let document: serde_json::Value = serde_json::from_str(&stdout)
         .unwrap_or_else(|err| panic!("snapshot printed {stdout:?}: {err}"));
     let drops = &document["drops"];
-    let cpu_drops = drops["cpu_stats"]["total"]
+    let cpu_drops = drops[map]["total"]
         .as_u64()
-        .unwrap_or_else(|| panic!("no drops.cpu_stats.total in {drops}"));
+        .unwrap_or_else(|| panic!("no drops.{map}.total in {drops}"));
     assert!(
         cpu_drops > 0,
-        "20 workers in maps of 8 dropped nothing: {drops}"
+        "20 workers in maps of 8 dropped nothing in {map}: {drops}"
     );
     assert!(drops["net_stats"]["total"].is_u64(), "{drops}");
     // (Workers still appear beyond eight: a slice running at a sample is read from /proc,
@@ -234,12 +242,12 @@ fn more_workers_than_the_maps_hold_are_counted_as_drops_with_one_warning() {
         .collect();
     assert_eq!(warnings.len(), 1, "one warning, not {warnings:?}");
     assert!(
-        warnings[0].starts_with("workerprobe: warning: cpu_stats is full or busy: ")
+        warnings[0].starts_with(&format!("workerprobe: warning: {map} is full or busy: "))
             && warnings[0].ends_with("raise --max-workers (now 8)"),
         "{warnings:?}"
     );
     eprintln!(
-        "capacity: {cpu_drops} cpu_stats drops, {workers} workers kept, in {:.1}s",
+        "capacity: {cpu_drops} {map} drops, {workers} workers kept, in {:.1}s",
         started.elapsed().as_secs_f64()
     );
 }

@@ -81,6 +81,12 @@ fn message(slot: usize, max_workers: u32) -> String {
         3 => "exit summaries may be missing; read the agent's output faster".to_string(),
         7 => "process summaries may be missing or incomplete; read the agent's output faster"
             .to_string(),
+        8 => format!(
+            "some removed workers' summaries lack their CPU time (too many removals waited to be summarised); raise --max-workers (now {max_workers})"
+        ),
+        9 => format!(
+            "the CPU time of workers beyond its room is not shown until removed workers free their entries; raise --max-workers (now {max_workers})"
+        ),
         _ => format!("some numbers are not counted; raise --max-workers (now {max_workers})"),
     };
     format!("workerprobe: warning: {name} is full or busy: {advice}")
