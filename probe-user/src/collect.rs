@@ -830,8 +830,13 @@ impl KernelCollector {
     }
 
     fn read_drops(&self) -> anyhow::Result<Drops> {
+        // A pin set made by an older agent has fewer slots; its programs count none beyond.
+        let slots = self.drops.len();
         let by_map = (0..DROP_NAMES.len() as u32)
             .map(|slot| {
+                if slot >= slots {
+                    return Ok(0);
+                }
                 self.drops
                     .get(&slot, 0)
                     .map(|per_cpu| per_cpu.iter().sum())

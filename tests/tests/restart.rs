@@ -321,3 +321,58 @@ fn bad_pin_dirs_exit_2_with_one_sentence() {
     assert!(stderr.contains("not a workerprobe pin set"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
+
+/// A pin set made by an older agent, whose drop counters had 8 slots (this one names 10): the
+/// new agent continues it, showing the slots the set lacks as 0 (its programs count none
+/// there), instead of failing every sample on the missing ones.
+#[test]
+fn a_pin_set_with_fewer_drop_slots_is_continued() {
+    require_root();
+    let pin = PinDir::new("old-drops");
+    let first = Command::new(workerprobe_path())
+        .args(["snapshot", "--duration", "200ms", "--pin", pin.arg()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run the first agent");
+    assert!(first.success(), "the first agent failed: {first:?}");
+    // The older layout: DROPS as the agents before the iterator made it.
+    let drops = pin.0.join("DROPS");
+    std::fs::remove_file(&drops).expect("unpin DROPS");
+    let made = Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(&drops)
+        .args([
+            "type",
+            "percpu_array",
+            "key",
+            "4",
+            "value",
+            "8",
+            "entries",
+            "8",
+        ])
+        .args(["name", "DROPS"])
+        .status()
+        .expect("run bpftool (install it: `cargo xtask setup`)");
+    assert!(made.success(), "bpftool map create failed");
+    let output = Command::new(workerprobe_path())
+        .args([
+            "snapshot",
+            "--json",
+            "--duration",
+            "300ms",
+            "--pin",
+            pin.arg(),
+        ])
+        .output()
+        .expect("run the second agent");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the second agent failed: {stderr}");
+    let document: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(
+        document["drops"]["cpu_now"]["total"], 0,
+        "{}",
+        document["drops"]
+    );
+}
