@@ -114,7 +114,7 @@ impl RstatReader {
     /// walk rewrote since an earlier one are of cgroups that are gone: freed.
     fn walk_raw(&mut self) -> anyhow::Result<TimesByCgroup> {
         self.iter
-            .walk(&mut Vec::new())
+            .walk()
             .context("walking the cgroups for their CPU time")?;
         let walk = self.last_walk.get(&0, 0).context("reading map LAST_WALK")?;
         let fd = self.cpu_now.map().fd().as_fd();

@@ -196,7 +196,7 @@ fn fexit_attaches(btf: &Btf) -> bool {
     load.log_level = 1;
     load.log_buf = log.as_mut_ptr() as u64;
     load.log_size = log.len() as u32;
-    let Some(prog) = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr) else {
+    let Ok(prog) = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr) else {
         // Without the function, a kernel that knows tracing programs says so in the log.
         return attach_btf_id == 0 && log.starts_with(b"Tracing programs must provide btf_id");
     };
@@ -204,14 +204,15 @@ fn fexit_attaches(btf: &Btf) -> bool {
     // SAFETY: as above.
     let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
     attr.raw_tracepoint.prog_fd = prog.as_raw_fd() as u32;
-    bpf(bpf_cmd::BPF_RAW_TRACEPOINT_OPEN, &mut attr).is_some()
+    bpf(bpf_cmd::BPF_RAW_TRACEPOINT_OPEN, &mut attr).is_ok()
 }
 
-/// The `bpf(2)` system call; the file descriptor it returned, closed on drop.
-fn bpf(
+/// The `bpf(2)` system call for a command that makes a descriptor; the descriptor, closed on
+/// drop.
+pub(super) fn bpf(
     cmd: aya_obj::generated::bpf_cmd,
     attr: &mut aya_obj::generated::bpf_attr,
-) -> Option<OwnedFd> {
+) -> std::io::Result<OwnedFd> {
     // SAFETY: `attr` is a whole bpf_attr, its pointers valid for the call.
     let fd = unsafe {
         libc::syscall(
@@ -221,8 +222,11 @@ fn bpf(
             std::mem::size_of_val(attr),
         )
     };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     // SAFETY: a non-negative return of these commands is a new descriptor we own.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Parameter names of function `name` in the kernel's BTF.

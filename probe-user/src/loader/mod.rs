@@ -12,7 +12,7 @@ pub mod kernel_btf;
 pub mod pin;
 pub mod plan;
 
-use std::{collections::HashMap, path::Path};
+use std::{collections::HashMap, os::fd::AsFd as _, path::Path};
 
 use anyhow::Context as _;
 use aya::{
@@ -33,6 +33,7 @@ use probe_common::{
         SOCKET_SK_OFFSET_GLOBAL,
     },
     process::{PROCESS_OFFSET_GLOBALS, PROCESSES_ON_GLOBAL},
+    rstat as r,
     task::{
         CGROUP_KN_OFFSET_GLOBAL, CGROUP_ROOT_HIERARCHY_ID_OFFSET_GLOBAL, CGROUP_ROOT_OFFSET_GLOBAL,
         CGROUPS_OFFSET_GLOBAL, CSS_SET_DFL_CGRP_OFFSET_GLOBAL, FDTABLE_FD_OFFSET_GLOBAL,
@@ -394,7 +395,6 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         kernel_btf::RstatOffsets::default()
     };
     let possible_cpus_u32 = u32::try_from(possible_cpus).unwrap_or(u32::MAX);
-    use probe_common::rstat as r;
     // Read by the iterator and by the removal program once the iterator has walked.
     let rstat_globals = [
         (r::CGROUP_RSTAT_CPU_OFFSET_GLOBAL, rstat.cgroup_rstat_cpu),
@@ -755,7 +755,6 @@ fn attach(ebpf: &mut Ebpf, btf: &Btf, planned: &PlannedProgram) -> Result<LinkId
                     .map_err(|err| refused_because("load", err))?;
             }
             let fd = program.fd().map_err(|err| refused_because("load", err))?;
-            use std::os::fd::AsFd as _;
             let iter = cgroup_iter::CgroupIter::attach(fd.as_fd()).map_err(|err| {
                 if debug {
                     eprintln!("workerprobe: debug: {} attach: {err}", planned.program);
@@ -763,7 +762,7 @@ fn attach(ebpf: &mut Ebpf, btf: &Btf, planned: &PlannedProgram) -> Result<LinkId
                 refused("attach")
             })?;
             // A first walk: a program the verifier passed can still fail to read.
-            iter.walk(&mut Vec::new()).map_err(|err| {
+            iter.walk().map_err(|err| {
                 if debug {
                     eprintln!("workerprobe: debug: {} walk: {err}", planned.program);
                 }
