@@ -28,10 +28,13 @@ pub const DROP_FINAL_CPU: u32 = 8;
 /// A `CPU_NOW` insert failed (map full): a worker's CPU time on that CPU is not shown until
 /// a removed worker's entries are freed.
 pub const DROP_CPU_NOW: u32 = 9;
+/// A `MEMORY_NOW` insert failed (map full): that worker's memory is read from its files
+/// instead (nothing lost, a little more of the agent's CPU).
+pub const DROP_MEMORY_NOW: u32 = 10;
 /// Number of drop slots (room for the programs to come).
 pub const DROP_SLOTS: u32 = 16;
 /// Names of the used slots, in order, as reported to users.
-pub const DROP_NAMES: [&str; 10] = [
+pub const DROP_NAMES: [&str; 11] = [
     "cpu_stats",
     "net_stats",
     "task_state",
@@ -42,4 +45,5 @@ pub const DROP_NAMES: [&str; 10] = [
     "process_events",
     "final_cpu",
     "cpu_now",
+    "memory_now",
 ];

@@ -16,6 +16,33 @@ pub const SIGNAL_MAXRSS_OFFSET_GLOBAL: &str = "SIGNAL_MAXRSS_OFFSET";
 pub const CGROUP_MEMORY_CSS_OFFSET_GLOBAL: &str = "CGROUP_MEMORY_CSS_OFFSET";
 /// Global: offset of `memory.watermark` (pages) from a memory cgroup's `css`.
 pub const MEMCG_WATERMARK_OFFSET_GLOBAL: &str = "MEMCG_WATERMARK_OFFSET";
+/// Global: offset of `memory.usage` (pages, what `memory.current` shows) from a memory
+/// cgroup's `css`.
+pub const MEMCG_USAGE_OFFSET_GLOBAL: &str = "MEMCG_USAGE_OFFSET";
+
+/// Name of the hash map the memory walk fills: cgroup id → [`MemoryNow`], for every cgroup with
+/// a memory controller of its own. Read at each sample instead of two files per worker.
+pub const MEMORY_NOW_MAP: &str = "MEMORY_NOW";
+
+/// Name of the one-entry array holding the id of the last memory walk that ended.
+pub const LAST_MEMORY_WALK_MAP: &str = "LAST_MEMORY_WALK";
+
+/// A cgroup's memory counters as the walk that wrote them found them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryNow {
+    /// Pages charged now (`memory.current` / page size).
+    pub current_pages: u64,
+    /// The high-water mark (`memory.peak` / page size).
+    pub peak_pages: u64,
+    /// The walk (the iterator session's id): an entry no later walk rewrote is of a cgroup
+    /// that is gone.
+    pub walk: u64,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.
+unsafe impl aya::Pod for MemoryNow {}
 
 /// Where the programs find the memory peaks, from the kernel's BTF.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -28,4 +55,6 @@ pub struct MemoryOffsets {
     pub cgroup_memory_css: u32,
     /// `mem_cgroup.memory.watermark` less `mem_cgroup.css`.
     pub memcg_watermark: u32,
+    /// `mem_cgroup.memory.usage` less `mem_cgroup.css`; 0 when not found.
+    pub memcg_usage: u32,
 }

@@ -71,6 +71,8 @@ static SIGNAL_MAXRSS_OFFSET: Global<u32> = Global::new(0);
 static CGROUP_MEMORY_CSS_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static MEMCG_WATERMARK_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static MEMCG_USAGE_OFFSET: Global<u32> = Global::new(0);
 
 /// A `struct task_struct *` from a tracepoint argument (or the current task).
 pub type Task = *const u8;
@@ -255,18 +257,33 @@ pub fn max_rss_pages(task: Task) -> u64 {
 /// controller of its own (or the kernel none at all).
 #[inline(always)]
 pub fn memory_peak_pages(cgroup: Cgroup) -> u64 {
+    memory_css(cgroup).map_or(0, |css| {
+        read_kernel(css + u64::from(MEMCG_WATERMARK_OFFSET.load())).unwrap_or(0)
+    })
+}
+
+/// A cgroup's memory in pages now and at its high-water mark (`memory.current`,
+/// `memory.peak`); `None` when it has no memory controller of its own.
+#[inline(always)]
+pub fn memory_pages(cgroup: Cgroup) -> Option<(u64, u64)> {
+    let css = memory_css(cgroup)?;
+    let current = read_kernel(css + u64::from(MEMCG_USAGE_OFFSET.load()))?;
+    let peak = read_kernel(css + u64::from(MEMCG_WATERMARK_OFFSET.load()))?;
+    Some((current, peak))
+}
+
+/// The cgroup's memory controller state (`subsys[memory_cgrp_id]`) as an address, if it has
+/// one. The counters lie past `struct cgroup_subsys_state`, in the `mem_cgroup` around it:
+/// beyond what a BTF-checked load of a css may reach, so they are read from the address.
+#[inline(always)]
+fn memory_css(cgroup: Cgroup) -> Option<u64> {
     let css_offset = CGROUP_MEMORY_CSS_OFFSET.load();
     if css_offset == 0 {
-        return 0;
+        return None;
     }
     // SAFETY: BTF-checked load of `subsys[memory_cgrp_id]`, a css pointer or null.
     let css: u64 = unsafe { field(cgroup, css_offset) };
-    if css == 0 {
-        return 0;
-    }
-    // The watermark lies past `struct cgroup_subsys_state`, in the `mem_cgroup` around it:
-    // beyond what a BTF-checked load of a css may reach.
-    read_kernel(css + u64::from(MEMCG_WATERMARK_OFFSET.load())).unwrap_or(0)
+    (css != 0).then_some(css)
 }
 
 /// Whether a cgroup belongs to the cgroup2 hierarchy (hierarchy id 0), not a v1 controller.

@@ -143,6 +143,16 @@ pub fn cgroup_layout() -> CgroupLayout {
     parse_cgroup_layout(&fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
 }
 
+/// Whether cgroup2 on this host has `controller` (false where v1 holds it, or without a
+/// cgroup2 mount).
+pub fn cgroup2_has_controller(controller: &str) -> bool {
+    find_cgroup2_mount().is_ok_and(|mount| {
+        read_controllers(&mount.join("cgroup.controllers"))
+            .iter()
+            .any(|c| c == controller)
+    })
+}
+
 /// The controllers named in a cgroup's `cgroup.controllers` or `cgroup.subtree_control`.
 pub fn read_controllers(file: &Path) -> Vec<String> {
     fs::read_to_string(file)

@@ -371,6 +371,11 @@ pub struct ProbeArgs {
     /// (iter, the default where the kernel allows it).
     #[arg(long, hide = true, value_enum)]
     pub cpu_attach: Option<CpuAttachChoice>,
+    /// For benchmarks and tests: read each worker's memory from its files (files) even where
+    /// a cgroup iterator can read every cgroup's counters in one walk (iter, the default where
+    /// the kernel and cgroup2 allow it).
+    #[arg(long, hide = true, value_enum)]
+    pub memory_read: Option<MemoryReadChoice>,
     /// For tests and benchmarks: slots of the per-worker counters' fast path (default: from
     /// the CPU count, within 8 MiB); workers beyond them are counted through hash maps (0:
     /// all of them).
@@ -416,6 +421,15 @@ pub enum CpuAttachChoice {
     SchedSwitch,
 }
 
+/// `--memory-read` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MemoryReadChoice {
+    /// One cgroup iterator walk a sample, where the kernel and cgroup2 allow.
+    Iter,
+    /// Each worker's `memory.current` and `memory.peak`.
+    Files,
+}
+
 impl From<NetAttachChoice> for crate::loader::NetAttach {
     fn from(choice: NetAttachChoice) -> Self {
         match choice {
@@ -433,6 +447,7 @@ impl ProbeArgs {
             groups: self.programs.iter().map(|&choice| choice.into()).collect(),
             net_attach: self.net_attach.map(Into::into),
             cpu_by_sched_switch: self.cpu_attach == Some(CpuAttachChoice::SchedSwitch),
+            memory_by_files: self.memory_read == Some(MemoryReadChoice::Files),
             endpoints_per_worker: self.max_endpoints_per_worker,
             max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
             processes: false,

@@ -5,8 +5,8 @@ use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 
 use crate::collect_events::{RingEvent, RingReader, decode_cgroup_event, decode_process_event};
 use crate::collect_heap::HeapReturn;
-use crate::collect_rstat::RstatReader;
 use crate::collect_slots::SlotMaps;
+use crate::{collect_memory::MemoryWalk, collect_rstat::RstatReader};
 use probe_common::{
     cpu::{
         CPU_SLOTS_MAP, CPU_STATS_MAP, CpuStats, FREE_SLOTS_MAP, LAST_SWITCH_MAP, LastSwitch,
@@ -126,6 +126,10 @@ pub struct KernelCollector {
     /// CPU time from the kernel's per-cgroup accounting, when the plan chose it (the
     /// programs then count no CPU time).
     rstat: Option<RstatReader>,
+    /// Every cgroup's memory by one walk a sample, when the plan chose it.
+    memory_walk: Option<MemoryWalk>,
+    /// What the last sample's memory walk found, by cgroup id, until taken.
+    walked_memory: Option<std::collections::HashMap<u64, crate::model::MemoryReading>>,
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
     reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
     cgroups: CgroupIndex,
@@ -143,6 +147,7 @@ impl KernelCollector {
     /// Takes the maps out of `probe`.
     pub fn new(mut probe: Probe, cgroups: CgroupIndex) -> anyhow::Result<Self> {
         let cpu_iter = probe.take_cpu_iter();
+        let memory_iter = probe.take_memory_iter();
         let mut take = |name: &str| {
             probe
                 .take_map(name)
@@ -207,9 +212,19 @@ impl KernelCollector {
             }
             None => None,
         };
+        let memory_walk = match memory_iter {
+            Some(iter) => Some(MemoryWalk::new(
+                iter,
+                take(probe_common::memory::MEMORY_NOW_MAP)?,
+                take(probe_common::memory::LAST_MEMORY_WALK_MAP)?,
+            )?),
+            None => None,
+        };
         let measured = probe.measured();
         Ok(Self {
             rstat,
+            memory_walk,
+            walked_memory: None,
             measured,
             events,
             process_ring,
@@ -256,6 +271,13 @@ impl Source for KernelCollector {
     fn sample(&mut self) -> anyhow::Result<Sample> {
         // By now the caller has dropped the last sample and written what it made of it.
         self.heap.maybe_trim();
+        if let Some(walk) = self.memory_walk.as_mut() {
+            self.walked_memory = walk.read().ok();
+            if self.walked_memory.is_none() {
+                // The files tell the same numbers: read them from now on.
+                self.memory_walk = None;
+            }
+        }
         let taken_at = Some(Timestamp::now());
         let mut sample = Sample {
             taken_at,
@@ -679,6 +701,14 @@ impl KernelCollector {
                 std::sync::Arc::new(crate::model::identity::identify(path)),
             ),
         }
+    }
+
+    /// The memory of every cgroup with a memory controller, as the last sample's walk found
+    /// it; `None` without a walk (memory is then read from each worker's files).
+    pub fn take_walked_memory(
+        &mut self,
+    ) -> Option<std::collections::HashMap<u64, crate::model::MemoryReading>> {
+        self.walked_memory.take()
     }
 
     /// Where the cgroup2 hierarchy is, and which path each id names.

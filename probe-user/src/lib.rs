@@ -22,6 +22,7 @@ pub mod collect;
 mod collect_batch;
 mod collect_events;
 mod collect_heap;
+mod collect_memory;
 mod collect_rstat;
 mod collect_slots;
 pub mod error;

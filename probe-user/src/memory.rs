@@ -122,17 +122,25 @@ impl MemoryReader {
     }
 
     /// Reads the memory of the workers active in `interval` (the ones a table shows) into
-    /// them; `dir_of` maps a worker's path to its cgroup2 directory. Idle workers are not
-    /// read, so a node of many idle cgroups costs nothing here.
+    /// them: from `walked` (the collector's memory walk, by cgroup id) where it has the
+    /// worker, else from its files; `dir_of` maps a worker's path to its cgroup2 directory.
+    /// Idle workers are not read, so a node of many idle cgroups costs nothing here.
     pub fn read_active(
         &mut self,
         interval: &mut Interval,
+        walked: Option<&HashMap<u64, MemoryReading>>,
         mut dir_of: impl FnMut(&str) -> PathBuf,
     ) {
         for worker in interval.workers.iter_mut().filter(|w| w.is_active()) {
-            if let Some(path) = &worker.path {
-                worker.memory = self.read(&dir_of(path));
-            }
+            let Some(path) = &worker.path else { continue };
+            // The root has no memory files: its processes' RSS, as without the walk.
+            let from_walk = walked
+                .filter(|_| path != "/")
+                .and_then(|walked| walked.get(&worker.cgroup_id));
+            worker.memory = match from_walk {
+                Some(reading) => Some(*reading),
+                None => self.read(&dir_of(path)),
+            };
         }
         self.files.end_pass();
     }

@@ -169,6 +169,16 @@ fn check_finds_a_variant_for_every_group() {
     }
     let mount = workerprobe::cgroup::find_cgroup2_mount().expect("cgroup2");
     assert_eq!(report["cgroup2"]["mount"], mount.display().to_string());
+    // Memory by one walk exactly where cgroup2 has the memory controller (every kernel of
+    // the matrix has the cgroup iterator).
+    let controllers =
+        std::fs::read_to_string(mount.join("cgroup.controllers")).expect("controllers");
+    let memory = report["memory"].as_str().unwrap_or("");
+    assert_eq!(
+        memory.starts_with("iter/cgroup"),
+        controllers.split_whitespace().any(|c| c == "memory"),
+        "memory read by {memory}"
+    );
     // The socket-length tracepoints exist from 6.3; before, the fexit variant runs.
     let btf = std::fs::read("/sys/kernel/btf/vmlinux").expect("BTF");
     let has_tracepoint = btf

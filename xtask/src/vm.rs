@@ -558,6 +558,9 @@ fn describe_from_check(row: &mut Row, text: &str) {
             row.variants.insert(group.clone(), cell);
         }
     }
+    if let Some(memory) = check["memory"].as_str() {
+        row.variants.insert("memory read".into(), memory.to_owned());
+    }
 }
 
 /// Whether KVM can boot a stock kernel here; the reason when not.

@@ -21,6 +21,8 @@ pub struct CheckReport {
     pub kernel: String,
     /// The cgroup2 hierarchy.
     pub cgroup2: Cgroup2Report,
+    /// How workers' memory is read.
+    pub memory: &'static str,
     /// Per program group: the variant attached, or why none could be.
     pub groups: BTreeMap<&'static str, GroupReport>,
 }
@@ -78,6 +80,15 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
             layout: cgroup::cgroup_layout(),
             controllers: cgroup::read_controllers(&mount.join("cgroup.controllers")),
             subtree_control: cgroup::read_controllers(&mount.join("cgroup.subtree_control")),
+        },
+        memory: match probe.plan().memory_walk() {
+            Some(_) => "iter/cgroup over every cgroup's memory counters, one walk a sample",
+            None if cgroup::cgroup2_has_controller("memory") => {
+                "each worker's memory.current and memory.peak"
+            }
+            None => {
+                "each worker's v1 memory cgroup where it holds only the worker, else its processes' RSS"
+            }
         },
         groups: probe
             .plan()
@@ -150,6 +161,7 @@ fn render(report: &CheckReport) -> String {
         list_or_none(&cgroup2.controllers),
         list_or_none(&cgroup2.subtree_control),
     );
+    out += &format!("memory      {}\n", report.memory);
     for (name, group) in &report.groups {
         match group.variant {
             Some(variant) => {

@@ -163,7 +163,11 @@ pub fn exec(args: &ExecArgs) -> anyhow::Result<u8> {
     // stays to report and to remove its cgroups.
     install_forwarding();
     // Load first: a user without privileges learns it before anything is made.
-    let probe = loader::load_and_attach(&args.probe.load_options())?;
+    // One worker: its two memory files cost less than a walk of every cgroup.
+    let probe = loader::load_and_attach(&loader::LoadOptions {
+        memory_by_files: true,
+        ..args.probe.load_options()
+    })?;
     super::tell_notes(&probe);
     let memory_reader = MemoryReader::new();
     let leaf = format!("exec-{}-{name}", std::process::id());

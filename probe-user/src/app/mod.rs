@@ -162,7 +162,8 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
                         let mut interval = model::diff(Some(&previous), &current);
                         fold(&mut interval, &args.tree, collector.collector());
                         interval.retain_selected(&selection);
-                        memory.read_active(&mut interval, |path| collector.collector().cgroups().dir_of(path));
+                        let walked = collector.collector().take_walked_memory();
+                        memory.read_active(&mut interval, walked.as_ref(), |path| collector.collector().cgroups().dir_of(path));
                         previous = current;
                         // Sampling goes on while paused, so the first interval after resuming is
                         // one tick long.
@@ -209,7 +210,8 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
         let mut interval = model::diff(Some(&previous), &current);
         fold(&mut interval, &args.tree, collector.collector());
         interval.retain_selected(&selection);
-        memory.read_active(&mut interval, |path| {
+        let walked = collector.collector().take_walked_memory();
+        memory.read_active(&mut interval, walked.as_ref(), |path| {
             collector.collector().cgroups().dir_of(path)
         });
         let mut text = table::render(&interval, args.limit);
@@ -315,8 +317,10 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
     let mut interval = model::diff(Some(&start), &end);
     fold(&mut interval, &args.tree, &mut collector);
     interval.retain_selected(&selection);
-    crate::memory::MemoryReader::new()
-        .read_active(&mut interval, |path| collector.cgroups().dir_of(path));
+    let walked = collector.take_walked_memory();
+    crate::memory::MemoryReader::new().read_active(&mut interval, walked.as_ref(), |path| {
+        collector.cgroups().dir_of(path)
+    });
     let text = if args.json {
         let node = NodeFacts::read().named(args.probe.node_name.as_deref());
         let document = SnapshotDocument::new(&interval, node, &args.probe.endpoint_namer());

@@ -87,6 +87,9 @@ fn message(slot: usize, max_workers: u32) -> String {
         9 => format!(
             "the CPU time of workers beyond its room is not shown until removed workers free their entries; raise --max-workers (now {max_workers})"
         ),
+        10 => format!(
+            "the memory of workers beyond its room is read from their files instead (the same numbers, more of the agent's CPU); raise --max-workers (now {max_workers})"
+        ),
         _ => format!("some numbers are not counted; raise --max-workers (now {max_workers})"),
     };
     format!("workerprobe: warning: {name} is full or busy: {advice}")

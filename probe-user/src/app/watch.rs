@@ -355,16 +355,29 @@ impl Watcher {
         self.registry.observe(&sample);
         self.finish_vanished(sample.taken_at.map_or(0, |at| at.monotonic_ns));
         if !self.read_memory {
+            // The caller reads memory itself (`top`), the walk's reading included.
             return Ok(sample);
         }
+        let walked = self.collector.take_walked_memory();
         let live: Vec<(u64, String)> = self
             .registry
             .records()
             .map(|record| (record.cgroup_id, record.path.clone()))
             .collect();
         for (cgroup_id, path) in live {
-            let dir = self.collector.cgroups().dir_of(&path);
-            if let Some(reading) = self.memory.read(&dir) {
+            // The walk's reading where it has the worker (the root has no memory files).
+            let walked = walked
+                .as_ref()
+                .filter(|_| path != "/")
+                .and_then(|walked| walked.get(&cgroup_id).copied());
+            let reading = match walked {
+                Some(reading) => Some(reading),
+                None => {
+                    let dir = self.collector.cgroups().dir_of(&path);
+                    self.memory.read(&dir)
+                }
+            };
+            if let Some(reading) = reading {
                 self.registry.record_memory(cgroup_id, reading);
             }
         }

@@ -37,6 +37,9 @@ pub enum Need {
     /// (`bpf_map_lookup_percpu_elem`, 5.19+), and the kernel's per-CPU cgroup CPU time (the
     /// rstat base stats) at fields its BTF locates.
     CgroupRstat,
+    /// A cgroup iterator (6.1+) and the memory controller's counters (`memory.usage`,
+    /// `memory.watermark` of `struct mem_cgroup`) at fields its BTF locates.
+    CgroupMemory,
 }
 
 impl Need {
@@ -71,6 +74,9 @@ impl Need {
             Need::CgroupRstat => {
                 "a cgroup iterator that can read per-CPU cgroup CPU time (Linux 6.1+)".into()
             }
+            Need::CgroupMemory => {
+                "a cgroup iterator that can read the memory controller's counters (Linux 6.1+, cgroup2 with the memory controller)".into()
+            }
         }
     }
 }
@@ -90,6 +96,8 @@ pub struct KernelFeatures {
     pub sched_info: bool,
     /// The cgroup iterator can read the kernel's per-CPU cgroup CPU time.
     pub cgroup_rstat: bool,
+    /// The cgroup iterator can read the memory controller's counters.
+    pub cgroup_memory: bool,
 }
 
 impl KernelFeatures {
@@ -108,6 +116,7 @@ impl KernelFeatures {
             Need::TaskStorage => self.task_storage,
             Need::SchedInfo => self.sched_info,
             Need::CgroupRstat => self.cgroup_rstat,
+            Need::CgroupMemory => self.cgroup_memory,
         }
     }
 
@@ -138,6 +147,7 @@ impl KernelFeatures {
                 }
                 Need::SchedInfo => {}
                 Need::CgroupRstat => features.cgroup_rstat = cgroup_rstat_readable(btf),
+                Need::CgroupMemory => features.cgroup_memory = cgroup_memory_readable(btf),
             }
         }
         features
@@ -154,6 +164,15 @@ fn cgroup_rstat_readable(btf: &Btf) -> bool {
     helper
         && btf.named("bpf_iter__cgroup", Kind::Struct).is_some()
         && super::kernel_btf::rstat_offsets(btf).is_ok()
+}
+
+/// Whether the kernel has the cgroup iterator and memory controller counters at fields we can
+/// locate (whether cgroup2 has the controller on this host is the loader's to check).
+fn cgroup_memory_readable(btf: &Btf) -> bool {
+    btf.named("bpf_iter__cgroup", Kind::Struct).is_some()
+        && super::kernel_btf::memory_offsets(btf).is_ok_and(|memory| {
+            memory.cgroup_memory_css != 0 && memory.memcg_watermark != 0 && memory.memcg_usage != 0
+        })
 }
 
 /// Arguments of tracepoint `name` as `tp_btf` programs see them: the parameters of

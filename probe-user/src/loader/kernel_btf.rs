@@ -144,6 +144,13 @@ pub fn memory_offsets(btf: &Btf) -> anyhow::Result<MemoryOffsets> {
         anyhow::Ok(watermark - css)
     })()
     .unwrap_or(0);
+    // `usage` is `atomic_long_t`: its one member, `counter`, is at its start.
+    let memcg_usage = (|| {
+        let usage = member_offset(btf, "mem_cgroup", &["memory", "usage"])?;
+        let css = member_offset(btf, "mem_cgroup", &["css"])?;
+        anyhow::Ok(usage - css)
+    })()
+    .unwrap_or(0);
     Ok(MemoryOffsets {
         task_signal: member_offset(btf, "task_struct", &["signal"])?,
         signal_maxrss: member_offset(btf, "signal_struct", &["maxrss"])?,
@@ -153,6 +160,7 @@ pub fn memory_offsets(btf: &Btf) -> anyhow::Result<MemoryOffsets> {
             cgroup_memory_css
         },
         memcg_watermark,
+        memcg_usage,
     })
 }
 
@@ -367,6 +375,7 @@ mod tests {
             ("signal_struct", &["maxrss"]),
             ("mem_cgroup", &["css"]),
             ("mem_cgroup", &["memory", "watermark"]),
+            ("mem_cgroup", &["memory", "usage"]),
             ("percpu_counter", &["count"]),
         ];
         for (struct_name, path) in paths {

@@ -24,7 +24,7 @@ use aya::{
 };
 use probe_common::{
     memory::{
-        CGROUP_MEMORY_CSS_OFFSET_GLOBAL, MEMCG_WATERMARK_OFFSET_GLOBAL,
+        CGROUP_MEMORY_CSS_OFFSET_GLOBAL, MEMCG_USAGE_OFFSET_GLOBAL, MEMCG_WATERMARK_OFFSET_GLOBAL,
         SIGNAL_MAXRSS_OFFSET_GLOBAL, TASK_SIGNAL_OFFSET_GLOBAL,
     },
     net::{
@@ -145,6 +145,9 @@ pub struct LoadOptions {
     /// Count CPU time with the sched_switch program even where the kernel's per-cgroup
     /// accounting can be read (pin sets, benchmarks, tests of that variant).
     pub cpu_by_sched_switch: bool,
+    /// Read memory from each worker's files even where a cgroup iterator could read every
+    /// cgroup's counters in one walk (pin sets, `exec`'s one worker, benchmarks).
+    pub memory_by_files: bool,
     /// Endpoints kept per worker (the rest share its `other` entry).
     pub endpoints_per_worker: u32,
     /// Capacity of the endpoints map, every worker together.
@@ -168,6 +171,7 @@ impl Default for LoadOptions {
             groups: ProgramGroup::DEFAULT.to_vec(),
             net_attach: None,
             cpu_by_sched_switch: false,
+            memory_by_files: false,
             endpoints_per_worker: probe_common::net::DEFAULT_ENDPOINTS_PER_WORKER,
             max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
             processes: false,
@@ -190,6 +194,8 @@ pub struct Probe {
     plan: Plan,
     /// The iterator that reads CPU time, when the plan chose it.
     cpu_iter: Option<cgroup_iter::CgroupIter>,
+    /// The iterator that reads memory, when the plan chose it.
+    memory_iter: Option<cgroup_iter::CgroupIter>,
     /// The pin set's lock, held while the collector lives (one agent per pin set).
     _lock: Option<std::fs::File>,
 }
@@ -211,6 +217,11 @@ impl Probe {
     /// Takes the iterator that reads CPU time, when CPU time comes from it.
     pub fn take_cpu_iter(&mut self) -> Option<cgroup_iter::CgroupIter> {
         self.cpu_iter.take()
+    }
+
+    /// Takes the iterator that reads memory, when memory comes from it.
+    pub fn take_memory_iter(&mut self) -> Option<cgroup_iter::CgroupIter> {
+        self.memory_iter.take()
     }
 
     /// The plan that was attached.
@@ -257,6 +268,7 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
 fn attach_unpinned(options: &LoadOptions) -> anyhow::Result<Probe> {
     let mut loaded = load(options)?;
     let links = attach_plan(&mut loaded)?;
+    let memory_iter = attach_memory_walk(&mut loaded);
     let cpu_iter = links.into_iter().find_map(|(_, link)| match link {
         LinkId::Iter(iter) => Some(iter),
         _ => None,
@@ -267,6 +279,7 @@ fn attach_unpinned(options: &LoadOptions) -> anyhow::Result<Probe> {
         maps: HashMap::new(),
         plan: loaded.plan,
         cpu_iter,
+        memory_iter,
         _lock: None,
     })
 }
@@ -349,6 +362,10 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     }
     if options.cpu_by_sched_switch {
         features.cgroup_rstat = false;
+    }
+    // Where v1 holds the memory controller, no cgroup2 cgroup has its counters.
+    if options.memory_by_files || !crate::cgroup::cgroup2_has_controller("memory") {
+        features.cgroup_memory = false;
     }
     let mut groups = options.groups.clone();
     if options.processes && !groups.contains(&ProgramGroup::Processes) {
@@ -484,6 +501,18 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
             true,
         )
         .override_global(MEMCG_WATERMARK_OFFSET_GLOBAL, &memory.memcg_watermark, true)
+        .override_global(MEMCG_USAGE_OFFSET_GLOBAL, &memory.memcg_usage, true)
+        // One entry per cgroup with a memory controller, from the walk; none without it. Not
+        // made smaller by a small --max-workers: the entries are allocated as cgroups need
+        // them, and a cgroup without one is read from its files.
+        .map_max_entries(
+            probe_common::memory::MEMORY_NOW_MAP,
+            if plan.memory_walk {
+                options.max_workers.max(probe_common::DEFAULT_MAX_WORKERS)
+            } else {
+                1
+            },
+        )
         .map_max_entries(probe_common::memory::PROCESS_PEAKS_MAP, options.max_workers)
         // The process workers' maps: at their smallest unless asked for (the ring costs
         // kernel memory whole).
@@ -657,6 +686,20 @@ fn attach_plan(loaded: &mut Loaded) -> anyhow::Result<Vec<(PlannedProgram, LinkI
         );
     }
     Ok(attached)
+}
+
+/// Attaches the memory walk when the plan has it. A kernel that refuses it leaves memory to
+/// the files, as where it has no cgroup iterator: the plan says so, nothing else changes.
+fn attach_memory_walk(loaded: &mut Loaded) -> Option<cgroup_iter::CgroupIter> {
+    let planned = loaded.plan.memory_walk()?;
+    match attach(&mut loaded.ebpf, &loaded.btf, &planned) {
+        Ok(LinkId::Iter(iter)) => Some(iter),
+        Ok(_) | Err(Refused(_)) => {
+            unload(&mut loaded.ebpf, &planned);
+            loaded.plan.memory_walk = false;
+            None
+        }
+    }
 }
 
 /// Loads the planned programs on every CPU at once, before any is attached: the verifier is

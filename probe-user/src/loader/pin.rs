@@ -430,9 +430,11 @@ pub fn open_or_create(options: &LoadOptions, dir: &Path) -> anyhow::Result<Probe
 /// First start: load, attach, pin.
 fn create(options: &LoadOptions, dir: &Path, lock: File) -> anyhow::Result<Probe> {
     // A pin set's counters continue across agents: the switch program's counters do, the
-    // iterator's per-agent baseline would not.
+    // iterator's per-agent baseline would not. No iterator's link can be pinned, so memory
+    // is read from files by every agent of the set alike.
     let options = super::LoadOptions {
         cpu_by_sched_switch: true,
+        memory_by_files: true,
         ..options.clone()
     };
     let mut loaded = super::load(&options)?;
@@ -458,6 +460,7 @@ fn create(options: &LoadOptions, dir: &Path, lock: File) -> anyhow::Result<Probe
     super::switch_on_every_cpu();
     Ok(Probe {
         cpu_iter: None,
+        memory_iter: None,
         ebpf: Some(loaded.ebpf),
         maps: HashMap::new(),
         plan: loaded.plan,
@@ -510,6 +513,7 @@ fn open_pinned(
     }
     Ok(Probe {
         cpu_iter: None,
+        memory_iter: None,
         ebpf: None,
         maps,
         plan: recorded_plan(meta),

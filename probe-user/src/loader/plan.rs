@@ -143,6 +143,14 @@ pub const CPU_RSTAT: Variant = Variant {
     extras: &[],
 };
 
+/// Every cgroup's memory counters (what `memory.current` and `memory.peak` show) read by a
+/// cgroup iterator at each sample: one walk instead of two files per worker. Not a group of
+/// its own: memory is always read, from the files where the walk cannot run.
+pub const MEMORY_WALK: PlannedProgram = PlannedProgram {
+    program: "memory_walk",
+    attach: Attach::Iter("cgroup"),
+};
+
 const CPU: &[Variant] = &[
     CPU_RSTAT,
     Variant {
@@ -437,6 +445,7 @@ pub fn all_needs() -> Vec<Need> {
         variant.needs.iter().chain(extras).copied()
     })
     .collect();
+    needs.push(Need::CgroupMemory);
     needs.sort_unstable();
     needs.dedup();
     needs
@@ -460,6 +469,8 @@ pub struct Plan {
     pub groups: Vec<(ProgramGroup, GroupPlan)>,
     /// The extras of the running variants, and whether each runs.
     pub extras: Vec<(ProgramGroup, &'static Extra, ExtraPlan)>,
+    /// Whether memory is read by [`MEMORY_WALK`] (else from each worker's files).
+    pub memory_walk: bool,
     /// What the plan was made from, to fall back when the kernel refuses a variant.
     features: KernelFeatures,
 }
@@ -503,6 +514,7 @@ impl Plan {
         let mut plan = Self {
             groups,
             extras: Vec::new(),
+            memory_walk: features.has(&Need::CgroupMemory),
             features: features.clone(),
         };
         plan.choose_extras();
@@ -526,6 +538,7 @@ impl Plan {
         Self {
             groups,
             extras,
+            memory_walk: false,
             features: KernelFeatures::default(),
         }
     }
@@ -593,6 +606,11 @@ impl Plan {
         programs.sort_unstable();
         programs.dedup();
         programs
+    }
+
+    /// The memory walk's program, when memory is read by it.
+    pub fn memory_walk(&self) -> Option<PlannedProgram> {
+        self.memory_walk.then_some(MEMORY_WALK)
     }
 
     /// Whether CPU time is read from the kernel's per-cgroup accounting by the iterator.
@@ -804,6 +822,7 @@ mod tests {
             task_storage: true,
             sched_info: true,
             cgroup_rstat: true,
+            cgroup_memory: true,
             ..KernelFeatures::default()
         };
         for (name, args) in [
@@ -863,6 +882,25 @@ mod tests {
         let mut refused = Plan::new(&[ProgramGroup::Cpu], &linux_6_1());
         refused.fall_back(ProgramGroup::Cpu, "a reason".into());
         assert_eq!(names(&refused), ["moved", "switch_cpu"]);
+    }
+
+    #[test]
+    fn memory_is_read_by_the_walk_where_the_kernel_and_cgroup2_allow() {
+        let every_group = Plan::new(&ProgramGroup::DEFAULT, &linux_6_1());
+        assert_eq!(every_group.memory_walk(), Some(MEMORY_WALK));
+        // Not a group: it is no program of any, and alone it is nothing to measure.
+        assert!(!every_group.programs().contains(&MEMORY_WALK));
+        // No iterator, or v1 holding the memory controller (the loader's check): the files.
+        let without = KernelFeatures {
+            cgroup_memory: false,
+            ..linux_6_1()
+        };
+        assert_eq!(
+            Plan::new(&ProgramGroup::DEFAULT, &without).memory_walk(),
+            None
+        );
+        // A pin set's recorded plan has no iterator.
+        assert_eq!(Plan::recorded(Vec::new(), &[]).memory_walk(), None);
     }
 
     /// 6.1's features less the protocols' `sendpage`, which 6.5 removed.

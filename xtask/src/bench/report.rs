@@ -626,8 +626,9 @@ fn targets(r: &Results) -> Vec<Target> {
                  re-read from their start; a fifth reading the per-CPU counters of the slots in \
                  use in batches; the rest turning counters into intervals. This is the agent \
                  with every group; with CPU time alone, a cgroup iterator reads every cgroup's \
-                 per-CPU times in one walk instead. Reading the memory counters in that walk too \
-                 is the step left for the memory third.",
+                 per-CPU times in one walk instead. Where cgroup2 has the memory controller, a \
+                 second walk reads every cgroup's memory counters and no file is opened; on this \
+                 hybrid host, where v1 holds the memory controller, it cannot run.",
                 c.cpu_percent * 10.0,
                 c.workers
             ),
