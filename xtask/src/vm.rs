@@ -201,6 +201,8 @@ pub struct Row {
     pub results: BTreeMap<String, BinaryResult>,
     /// Per-event costs measured there.
     pub costs: Vec<(String, String, f64, f64)>,
+    /// The agent's CPU at many workers there, by how memory was read.
+    pub agent_costs: Vec<crate::bench::AgentCostRecord>,
     /// Seconds the whole environment took (boot included).
     pub seconds: f64,
 }
@@ -749,6 +751,11 @@ pub fn run_in_vm(
             .map(|r| (r.owner, r.name, r.ns_per_event, r.events_per_second))
             .collect();
     }
+    if let Ok(text) = fs::read_to_string(out.join(crate::bench::AGENT_COST_FILE))
+        && let Ok(records) = serde_json::from_str(&text)
+    {
+        row.agent_costs = records;
+    }
     row.seconds = started.elapsed().as_secs_f64();
     Ok(row)
 }
@@ -829,7 +836,7 @@ progress "{name}: $(grep -E '^test result' $out/{file}.log || echo "exit $rc")"
     }
     let _ = write!(
         script,
-        r#"progress "per-event cost (bpf_stats)"
+        r#"progress "per-event cost (bpf_stats), then the agent's CPU at 1000 workers"
 {xtask} bench --per-event-only --agent {agent} --out $out/cost.json > $out/cost.log 2>&1 || progress "per-event cost failed: see cost.log"
 progress "done"
 "#,
@@ -953,6 +960,31 @@ pub fn render_costs(rows: &[Row]) -> String {
                 "| {} `{}` | `{name}` | {owner} | {ns:.1} | {rate:.0} | {ratio} |",
                 row.name, row.release
             );
+        }
+    }
+    let with_agent_costs: Vec<&Row> = rows.iter().filter(|r| !r.agent_costs.is_empty()).collect();
+    if !with_agent_costs.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nThe agent's CPU (`workerprobe top --interval 1s`, every group) with 1000 active \
+             workers on pure cgroup2, by how their memory is read; median (min – max) of the \
+             interleaved rounds, % of one emulated core (software emulation inflates it: compare \
+             the rows, not with the host's figure):\n\n\
+             | kernel | memory read | agent CPU |\n|---|---|---|"
+        );
+        for row in with_agent_costs {
+            for cost in &row.agent_costs {
+                let _ = writeln!(
+                    out,
+                    "| {} `{}` | {} | {:.2}% ({:.2} – {:.2}) |",
+                    row.name,
+                    row.release,
+                    cost.memory_read,
+                    cost.cpu_percent,
+                    cost.cpu_percent_min,
+                    cost.cpu_percent_max
+                );
+            }
         }
     }
     out

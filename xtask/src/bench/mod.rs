@@ -347,9 +347,15 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     };
     let (warm, window) = if args.smoke { (1.0, 2.0) } else { (3.0, 20.0) };
     for &n in counts {
-        results
-            .agent_cost
-            .push(agent_cost(&env, &runner, &bench_cgroup, n, warm, window)?);
+        results.agent_cost.push(agent_cost(
+            &env,
+            &runner,
+            &bench_cgroup,
+            n,
+            warm,
+            window,
+            &[],
+        )?);
     }
     drop(bpf_stats);
     drop(bench_cgroup);
@@ -529,7 +535,7 @@ fn per_event_only(agent: &Path, out: &Path) -> Result<()> {
     fs::create_dir_all(&scratch)
         .with_context(|| format!("could not create {}", scratch.display()))?;
     let mount = sys::cgroup2_mount()?;
-    let _bench_cgroup = Cgroup::create(&mount, "wpbench")?;
+    let bench_cgroup = Cgroup::create(&mount, "wpbench")?;
     let env = PeerEnv {
         all_groups: all_program_groups(agent)?,
         agent: agent.to_path_buf(),
@@ -575,7 +581,61 @@ fn per_event_only(agent: &Path, out: &Path) -> Result<()> {
         })
         .collect();
     let text = serde_json::to_string_pretty(&records)?;
-    fs::write(out, text).with_context(|| format!("could not write {}", out.display()))
+    fs::write(out, text).with_context(|| format!("could not write {}", out.display()))?;
+
+    // The agent's CPU with many workers, memory read by the walk against from the files (pure
+    // cgroup2 here, unlike the host): A/B interleaved, beside the per-event costs.
+    let mut percents: Vec<Vec<f64>> = vec![Vec::new(); VM_MEMORY_READS.len()];
+    for round in 0..VM_AGENT_COST_ROUNDS {
+        for offset in 0..VM_MEMORY_READS.len() {
+            let which = (round + offset) % VM_MEMORY_READS.len();
+            let (_, args) = VM_MEMORY_READS[which];
+            let cost = agent_cost(&env, &runner, &bench_cgroup, 1000, 12.0, 20.0, args)?;
+            percents[which].push(cost.cpu_percent);
+        }
+    }
+    let records: Vec<AgentCostRecord> = VM_MEMORY_READS
+        .iter()
+        .zip(&percents)
+        .filter_map(|((memory_read, _), percents)| {
+            let summary = Summary::of(percents)?;
+            Some(AgentCostRecord {
+                memory_read: (*memory_read).to_owned(),
+                workers: 1000,
+                cpu_percent: summary.median,
+                cpu_percent_min: summary.min,
+                cpu_percent_max: summary.max,
+            })
+        })
+        .collect();
+    let agent_out = out.with_file_name(AGENT_COST_FILE);
+    fs::write(&agent_out, serde_json::to_string_pretty(&records)?)
+        .with_context(|| format!("could not write {}", agent_out.display()))
+}
+
+/// Rounds of the VM's agent-cost A/B.
+const VM_AGENT_COST_ROUNDS: usize = 3;
+/// The memory reads compared in the VMs: how the report names each, and the agent's flags.
+const VM_MEMORY_READS: [(&str, &[&str]); 2] = [
+    ("one cgroup walk a sample (default)", &[]),
+    ("each worker's files", &["--memory-read", "files"]),
+];
+/// File beside the per-event JSON holding the VM's agent-cost records.
+pub const AGENT_COST_FILE: &str = "agent_cost.json";
+
+/// The agent's CPU at many workers in a VM, as `--per-event-only` writes it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct AgentCostRecord {
+    /// How memory was read.
+    pub memory_read: String,
+    /// Active worker cgroups.
+    pub workers: usize,
+    /// Median `top` CPU over the rounds, % of one core.
+    pub cpu_percent: f64,
+    /// Lowest round.
+    pub cpu_percent_min: f64,
+    /// Highest round.
+    pub cpu_percent_max: f64,
 }
 
 /// Section 1: ns per run of each program, workerprobe's (with the floor) and bpftrace's
@@ -866,8 +926,14 @@ fn agent_cost(
     count: usize,
     warm: f64,
     window: f64,
+    agent_args: &[&str],
 ) -> Result<AgentCost> {
     let parent = Cgroup::create(&bench_cgroup.dir, &format!("tick-{count}"))?;
+    // The workers get the memory controller where cgroup2 has it (not on hybrid hosts, where
+    // the write fails and their memory is read as without it).
+    for dir in [&bench_cgroup.dir, &parent.dir] {
+        let _ = fs::write(dir.join("cgroup.subtree_control"), "+memory");
+    }
     for i in 0..count {
         let dir = parent.dir.join(format!("w{i}"));
         if !dir.is_dir() {
@@ -898,6 +964,7 @@ fn agent_cost(
 
     let mut top = Command::new(&env.agent);
     top.args(["top", "--interval", "1s"])
+        .args(agent_args)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let top = Guarded::spawn("workerprobe top", top)?;

@@ -46,7 +46,10 @@ const VM_END: &str = "<!-- vm-per-event:end -->";
 /// Per-event cost in the VM kernel matrix: each kernel's program variants (bpf_stats on),
 /// kept from the previous report; this run does not boot VMs.
 fn vm_section(out: &mut String, previous: Option<&str>) {
-    let _ = writeln!(out, "## 7. Per-event cost on other kernels (VM matrix)\n");
+    let _ = writeln!(
+        out,
+        "## 7. Per-event cost and agent CPU on other kernels (VM matrix)\n"
+    );
     let _ = writeln!(
         out,
         "Measured by `sudo -E cargo xtask vm-test --update-docs` inside each VM of the kernel \
@@ -54,7 +57,8 @@ fn vm_section(out: &mut String, previous: Option<&str>) {
          programs within one kernel, and each against that kernel's `switch_floor`). Same \
          load and method as §1, without bpftrace (its script needs the 6.3 socket \
          tracepoints). Kernels before 6.3 count socket bytes with the fexit programs \
-         `sock_tx_*`/`sock_rx_*`.\n"
+         `sock_tx_*`/`sock_rx_*`. Then the agent's CPU with 1000 workers as in §6, on pure \
+         cgroup2 (which this host is not), memory read by the cgroup walk and from the files.\n"
     );
     let kept = previous.and_then(|text| {
         let start = text.find(VM_BEGIN)? + VM_BEGIN.len();
@@ -628,7 +632,8 @@ fn targets(r: &Results) -> Vec<Target> {
                  with every group; with CPU time alone, a cgroup iterator reads every cgroup's \
                  per-CPU times in one walk instead. Where cgroup2 has the memory controller, a \
                  second walk reads every cgroup's memory counters and no file is opened; on this \
-                 hybrid host, where v1 holds the memory controller, it cannot run.",
+                 hybrid host, where v1 holds the memory controller, it cannot run (§7 measures \
+                 it against the files in the VMs, on pure cgroup2).",
                 c.cpu_percent * 10.0,
                 c.workers
             ),
