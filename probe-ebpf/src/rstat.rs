@@ -75,28 +75,12 @@ pub fn on() -> bool {
     LAST_WALK.get(0).is_some_and(|walk| *walk != 0)
 }
 
-/// `iter/cgroup` (`struct bpf_iter__cgroup { struct bpf_iter_meta *meta; struct cgroup
-/// *cgroup; }`): puts the cgroup's times on each CPU it ran on in [`CPU_NOW`].
+/// `iter/cgroup`: puts the cgroup's times on each CPU it ran on in [`CPU_NOW`].
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/cgroup")]
 pub fn cpu_rstat(ctx: *mut c_void) -> i32 {
-    // SAFETY: the context's two pointers, loads the verifier checks against BTF; the walk's
-    // id is `meta->session_id`, after its seq_file pointer.
-    let (walk, cgroup) = unsafe {
-        let meta = read_volatile(ctx as *const *const u64);
-        if meta.is_null() {
-            return 0;
-        }
-        let walk = read_volatile(meta.add(1));
-        let cgroup = read_volatile((ctx as *const task::Cgroup).add(1));
-        if cgroup.is_null() {
-            // The walk's end: what it did not rewrite is of cgroups that are gone.
-            if let Some(done) = LAST_WALK.get_ptr_mut(0) {
-                write_volatile(done, walk);
-            }
-            return 0;
-        }
-        (walk, cgroup)
+    let Some((walk, cgroup)) = walk_step(ctx, &LAST_WALK) else {
+        return 0;
     };
     for_each_cpu(cgroup, task::id_of_cgroup(cgroup), |key, cpu| {
         let now = RstatNow { cpu, walk };
@@ -129,21 +113,8 @@ static LAST_MEMORY_WALK: Array<u64> = Array::with_max_entries(1, 0);
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/cgroup")]
 pub fn memory_walk(ctx: *mut c_void) -> i32 {
-    // SAFETY: as in `cpu_rstat`.
-    let (walk, cgroup) = unsafe {
-        let meta = read_volatile(ctx as *const *const u64);
-        if meta.is_null() {
-            return 0;
-        }
-        let walk = read_volatile(meta.add(1));
-        let cgroup = read_volatile((ctx as *const task::Cgroup).add(1));
-        if cgroup.is_null() {
-            if let Some(done) = LAST_MEMORY_WALK.get_ptr_mut(0) {
-                write_volatile(done, walk);
-            }
-            return 0;
-        }
-        (walk, cgroup)
+    let Some((walk, cgroup)) = walk_step(ctx, &LAST_MEMORY_WALK) else {
+        return 0;
     };
     let Some((current_pages, peak_pages)) = task::memory_pages(cgroup) else {
         return 0;
@@ -165,6 +136,30 @@ pub fn memory_walk(ctx: *mut c_void) -> i32 {
         }
     }
     0
+}
+
+/// One call of a cgroup walk (`struct bpf_iter__cgroup { struct bpf_iter_meta *meta; struct
+/// cgroup *cgroup; }`): the walk's id and the cgroup visited; `None` at the walk's end, after
+/// storing the id in `last_walk` (entries the walk did not rewrite are of cgroups now gone).
+#[inline(always)]
+fn walk_step(ctx: *mut c_void, last_walk: &Array<u64>) -> Option<(u64, task::Cgroup)> {
+    // SAFETY: the context's two pointers, loads the verifier checks against BTF; the walk's
+    // id is `meta->session_id`, after its seq_file pointer.
+    unsafe {
+        let meta = read_volatile(ctx as *const *const u64);
+        if meta.is_null() {
+            return None;
+        }
+        let walk = read_volatile(meta.add(1));
+        let cgroup = read_volatile((ctx as *const task::Cgroup).add(1));
+        if cgroup.is_null() {
+            if let Some(done) = last_walk.get_ptr_mut(0) {
+                write_volatile(done, walk);
+            }
+            return None;
+        }
+        Some((walk, cgroup))
+    }
 }
 
 /// At a cgroup's removal: keeps its times per CPU for user space's final read.
