@@ -132,17 +132,30 @@ impl MemoryReader {
         mut dir_of: impl FnMut(&str) -> PathBuf,
     ) {
         for worker in interval.workers.iter_mut().filter(|w| w.is_active()) {
-            let Some(path) = &worker.path else { continue };
-            // The root has no memory files: its processes' RSS, as without the walk.
-            let from_walk = walked
-                .filter(|_| path != "/")
-                .and_then(|walked| walked.get(&worker.cgroup_id));
-            worker.memory = match from_walk {
-                Some(reading) => Some(*reading),
-                None => self.read(&dir_of(path)),
-            };
+            if let Some(path) = &worker.path {
+                worker.memory = self.read_worker(worker.cgroup_id, path, walked, &mut dir_of);
+            }
         }
         self.files.end_pass();
+    }
+
+    /// Memory of the worker `cgroup_id` at `path`: the walk's reading where `walked` has it,
+    /// else from its files (`dir_of` maps the path to its cgroup2 directory). The root is
+    /// always read from its processes, as without the walk: it has no memory files.
+    pub fn read_worker(
+        &mut self,
+        cgroup_id: u64,
+        path: &str,
+        walked: Option<&HashMap<u64, MemoryReading>>,
+        dir_of: &mut impl FnMut(&str) -> PathBuf,
+    ) -> Option<MemoryReading> {
+        let from_walk = walked
+            .filter(|_| path != "/")
+            .and_then(|walked| walked.get(&cgroup_id));
+        match from_walk {
+            Some(reading) => Some(*reading),
+            None => self.read(&dir_of(path)),
+        }
     }
 
     /// The v1 memory cgroup of the worker's processes, if it holds nothing else.

@@ -837,7 +837,7 @@ progress "{name}: $(grep -E '^test result' $out/{file}.log || echo "exit $rc")"
     let _ = write!(
         script,
         r#"progress "per-event cost (bpf_stats), then the agent's CPU at 1000 workers"
-{xtask} bench --per-event-only --agent {agent} --out $out/cost.json > $out/cost.log 2>&1 || progress "per-event cost failed: see cost.log"
+{xtask} bench --vm-guest --agent {agent} --out $out/cost.json > $out/cost.log 2>&1 || progress "per-event cost or agent CPU failed: see cost.log"
 progress "done"
 "#,
         xtask = xtask.display(),

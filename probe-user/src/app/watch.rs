@@ -365,18 +365,11 @@ impl Watcher {
             .map(|record| (record.cgroup_id, record.path.clone()))
             .collect();
         for (cgroup_id, path) in live {
-            // The walk's reading where it has the worker (the root has no memory files).
-            let walked = walked
-                .as_ref()
-                .filter(|_| path != "/")
-                .and_then(|walked| walked.get(&cgroup_id).copied());
-            let reading = match walked {
-                Some(reading) => Some(reading),
-                None => {
-                    let dir = self.collector.cgroups().dir_of(&path);
-                    self.memory.read(&dir)
-                }
-            };
+            let reading = self
+                .memory
+                .read_worker(cgroup_id, &path, walked.as_ref(), &mut |path| {
+                    self.collector.cgroups().dir_of(path)
+                });
             if let Some(reading) = reading {
                 self.registry.record_memory(cgroup_id, reading);
             }

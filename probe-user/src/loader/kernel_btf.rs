@@ -138,19 +138,9 @@ pub fn memory_offsets(btf: &Btf) -> anyhow::Result<MemoryOffsets> {
     let cgroup_memory_css = memory_controller_id(btf)
         .and_then(|id| Ok(member_offset(btf, "cgroup", &["subsys"])? + 8 * id))
         .unwrap_or(0);
-    let memcg_watermark = (|| {
-        let watermark = member_offset(btf, "mem_cgroup", &["memory", "watermark"])?;
-        let css = member_offset(btf, "mem_cgroup", &["css"])?;
-        anyhow::Ok(watermark - css)
-    })()
-    .unwrap_or(0);
+    let memcg_watermark = memcg_counter_offset(btf, "watermark");
     // `usage` is `atomic_long_t`: its one member, `counter`, is at its start.
-    let memcg_usage = (|| {
-        let usage = member_offset(btf, "mem_cgroup", &["memory", "usage"])?;
-        let css = member_offset(btf, "mem_cgroup", &["css"])?;
-        anyhow::Ok(usage - css)
-    })()
-    .unwrap_or(0);
+    let memcg_usage = memcg_counter_offset(btf, "usage");
     Ok(MemoryOffsets {
         task_signal: member_offset(btf, "task_struct", &["signal"])?,
         signal_maxrss: member_offset(btf, "signal_struct", &["maxrss"])?,
@@ -162,6 +152,17 @@ pub fn memory_offsets(btf: &Btf) -> anyhow::Result<MemoryOffsets> {
         memcg_watermark,
         memcg_usage,
     })
+}
+
+/// Offset of the page counter field `memory.<field>` of `struct mem_cgroup` from its `css`;
+/// 0 when the kernel has no such field.
+fn memcg_counter_offset(btf: &Btf, field: &str) -> u32 {
+    (|| {
+        let counter = member_offset(btf, "mem_cgroup", &["memory", field])?;
+        let css = member_offset(btf, "mem_cgroup", &["css"])?;
+        anyhow::Ok(counter - css)
+    })()
+    .unwrap_or(0)
 }
 
 /// `memory_cgrp_id` in `enum cgroup_subsys_id`: the memory controller's slot in

@@ -42,16 +42,17 @@ pub struct BenchArgs {
     /// Where to write the report (default: BENCHMARKS.md at the repository root).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Only the per-event section, as JSON to --out, with the agent given by --agent and no
-    /// setup or build: what the VM matrix runs inside each guest.
+    /// What the VM matrix runs inside each guest, with the agent given by --agent and no setup
+    /// or build: the per-event section as JSON to --out, then the agent-cost A/B of the memory
+    /// reads as JSON beside it.
     #[arg(long, hide = true, requires_all = ["agent", "out"])]
-    pub per_event_only: bool,
-    /// The workerprobe binary for --per-event-only.
+    pub vm_guest: bool,
+    /// The workerprobe binary for --vm-guest.
     #[arg(long, hide = true)]
     pub agent: Option<PathBuf>,
 }
 
-/// One program's per-event cost, as `--per-event-only` writes it.
+/// One program's per-event cost, as `--vm-guest` writes it.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct ProgCostRecord {
     /// Who loaded it.
@@ -226,8 +227,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     if !cmd::is_root() {
         bail!("the bench loads eBPF programs and makes cgroups: run `sudo -E cargo xtask bench`");
     }
-    if let (true, Some(agent), Some(out)) = (args.per_event_only, &args.agent, &args.out) {
-        return per_event_only(agent, out);
+    if let (true, Some(agent), Some(out)) = (args.vm_guest, &args.agent, &args.out) {
+        return vm_guest(agent, out);
     }
     if args.rounds == 0 {
         bail!("--rounds must be at least 1");
@@ -527,8 +528,8 @@ fn attach_times(env: &PeerEnv, runs: usize) -> Result<Vec<f64>> {
     Ok(times)
 }
 
-/// The per-event section alone, written as JSON: no setup, no build, the given agent.
-fn per_event_only(agent: &Path, out: &Path) -> Result<()> {
+/// The VM guest's sections, written as JSON: no setup, no build, the given agent.
+fn vm_guest(agent: &Path, out: &Path) -> Result<()> {
     check_tools()?;
     sys::ensure_tracefs()?;
     let scratch = std::env::temp_dir().join("wp-bench-scratch");
@@ -583,7 +584,7 @@ fn per_event_only(agent: &Path, out: &Path) -> Result<()> {
     let text = serde_json::to_string_pretty(&records)?;
     fs::write(out, text).with_context(|| format!("could not write {}", out.display()))?;
 
-    // The agent's CPU with many workers, memory read by the walk against from the files (pure
+    // The agent's CPU with many workers, memory read by the walk against from each worker's files (pure
     // cgroup2 here, unlike the host): A/B interleaved, beside the per-event costs.
     let mut percents: Vec<Vec<f64>> = vec![Vec::new(); VM_MEMORY_READS.len()];
     for round in 0..VM_AGENT_COST_ROUNDS {
@@ -623,7 +624,7 @@ const VM_MEMORY_READS: [(&str, &[&str]); 2] = [
 /// File beside the per-event JSON holding the VM's agent-cost records.
 pub const AGENT_COST_FILE: &str = "agent_cost.json";
 
-/// The agent's CPU at many workers in a VM, as `--per-event-only` writes it.
+/// The agent's CPU at many workers in a VM, as `--vm-guest` writes it.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct AgentCostRecord {
     /// How memory was read.
