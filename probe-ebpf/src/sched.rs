@@ -142,19 +142,22 @@ pub fn moved(ctx: BtfTracePointContext) -> u32 {
 }
 
 /// The task is in `cgroup_id` now, not where it was last accounted: notes the new cgroup and
-/// returns the one it left and how long ago it was moved here, if the move was seen.
+/// returns the one it left and how long ago it was moved here.
 #[inline(always)]
-fn settle_move(state: &mut TaskState, task: Task, cgroup_id: u64) -> Option<(u64, u64)> {
+fn settle_move(state: &mut TaskState, task: Task, cgroup_id: u64) -> (u64, u64) {
     let from_cgroup_id = state.cgroup_id;
     state.cgroup_id = cgroup_id;
-    Some((from_cgroup_id, since_moved_ns(task, cgroup_id)?))
+    (from_cgroup_id, since_moved_ns(task, cgroup_id))
 }
 
 /// How long ago the task was moved into `cgroup_id`: the later of its process's move and its
-/// own (as a lone thread) that went there. A stale entry of a reused id that happens to name
-/// the same cgroup is old, so it splits nothing off.
+/// own (as a lone thread) that went there. With neither noted, the move is still under way:
+/// its tracepoint fires once every thread has moved and each controller has taken it, and
+/// the kernel may switch a moved thread out before that (the cpu controller reschedules a
+/// running one). It happened a moment ago, so 0. A stale entry of a reused id that happens to
+/// name the same cgroup is old, so it splits nothing off.
 #[inline(always)]
-fn since_moved_ns(task: Task, cgroup_id: u64) -> Option<u64> {
+fn since_moved_ns(task: Task, cgroup_id: u64) -> u64 {
     let moved_at = |key: u64| {
         // SAFETY: LRU hash values are read whole; a racing update gives the old or new move.
         let moved = unsafe { MOVES.get(key) }?;
@@ -166,18 +169,19 @@ fn since_moved_ns(task: Task, cgroup_id: u64) -> Option<u64> {
     let alone = moved_at(u64::from(task::tid(task)) | LONE_THREAD).unwrap_or(0);
     let at_ns = as_process.max(alone);
     if at_ns == 0 {
-        return None;
+        return 0;
     }
     // SAFETY: a helper without arguments.
-    Some(unsafe { bpf_ktime_get_ns() }.saturating_sub(at_ns))
+    unsafe { bpf_ktime_get_ns() }.saturating_sub(at_ns)
 }
 
 /// Rare path: the task's slice ends in another cgroup than it began in. The part before the
 /// move (its length less the time since the move, as it ran throughout) goes to the cgroup it
 /// left, with its share of the tick-sampled user/system time; returns that part. As the
 /// kernel's `cpu.stat` charges it: what ran before the move, to the cgroup it ran in (to within
-/// the scheduler's update before the move, at most a tick). Without a known move, or with the
-/// cgroup it left gone from the map, all of it stays with the new cgroup.
+/// the scheduler's update before the move, at most a tick). A move not yet noted is under way,
+/// and all of it goes to the cgroup it left; with that cgroup gone from the map, all of it
+/// stays with the new one.
 #[inline(never)]
 fn charge_slice_before_move(
     state: &mut TaskState,
@@ -185,9 +189,7 @@ fn charge_slice_before_move(
     cgroup_id: u64,
     slice_ns: u64,
 ) -> u64 {
-    let Some((from_cgroup_id, since_ns)) = settle_move(state, prev, cgroup_id) else {
-        return 0;
-    };
+    let (from_cgroup_id, since_ns) = settle_move(state, prev, cgroup_id);
     let before_ns = slice_ns.saturating_sub(since_ns);
     if before_ns == 0 {
         return 0;
@@ -223,9 +225,7 @@ fn charge_sleep_before_move(
     slept_ns: u64,
     blocked_io: bool,
 ) -> u64 {
-    let Some((from_cgroup_id, since_ns)) = settle_move(state, task, cgroup_id) else {
-        return 0;
-    };
+    let (from_cgroup_id, since_ns) = settle_move(state, task, cgroup_id);
     let before_ns = slept_ns.saturating_sub(since_ns);
     let Some(stats) = existing_counters(from_cgroup_id) else {
         return 0;

@@ -264,6 +264,85 @@ fn a_thread_moved_while_it_runs_is_charged_to_each_cgroup_as_its_cpu_stat_says()
     );
 }
 
+/// Two spinning threads of one process share one CPU, and the process goes from `a` to `b`
+/// while they run, twenty times (it is brought back while stopped). Where the cpu controller
+/// is on, the kernel reschedules a moved thread that is running, so the other thread often
+/// takes the CPU before the move's tracepoint has fired (it fires once the whole move is
+/// done): that switch-out sees the new cgroup with no move noted yet. The slice it ends ran in
+/// the cgroup it left, as `cpu.stat` says, and a move in one direction only would show any
+/// part of it charged to the other.
+#[test]
+fn threads_sharing_a_cpu_moved_while_they_run_are_charged_as_cpu_stat_says() {
+    let mut collector = collector();
+    let a = TestCgroup::new("bounced-a");
+    let b = TestCgroup::new("bounced-b");
+    let before = collector.sample().expect("sample");
+    let (a_before, b_before) = (a.cpu_stat(), b.cpu_stat());
+    let cpu = (aya_cpus() - 1).to_string();
+    let mut spinners = a.spawn_workload(&["pinned-spin", "1500", "2", &cpu]);
+    let pid = spinners.id();
+    const MOVES: usize = 20;
+    for _ in 0..MOVES {
+        // Each stay is long enough for several of the scheduler's slices.
+        wait_for_cpu(&a, a.cpu_stat().usage_usec, 20_000_000, LIMIT);
+        move_process(pid, &b);
+        wait_for_cpu(&b, b.cpu_stat().usage_usec, 20_000_000, LIMIT);
+        // Back while stopped: no thread is on a CPU at that move.
+        signal(pid, libc::SIGSTOP);
+        while !all_threads_stopped(pid) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        move_process(pid, &a);
+        signal(pid, libc::SIGCONT);
+    }
+    assert!(spinners.wait().expect("wait").success());
+    settled_sample(&mut collector, a.id);
+    let after = settled_sample(&mut collector, b.id);
+
+    let a_kernel_ns = (a.cpu_stat().usage_usec - a_before.usage_usec) * 1_000;
+    let b_kernel_ns = (b.cpu_stat().usage_usec - b_before.usage_usec) * 1_000;
+    let a_ours = counters(&after, a.id).on_cpu_ns() - counters(&before, a.id).on_cpu_ns();
+    let b_ours = counters(&after, b.id).on_cpu_ns() - counters(&before, b.id).on_cpu_ns();
+    eprintln!(
+        "spinners moved {MOVES} times while running: a ours {a_ours} ns, cpu.stat {a_kernel_ns} ns; b ours {b_ours} ns, cpu.stat {b_kernel_ns} ns"
+    );
+    assert!(
+        b_kernel_ns >= MOVES as u64 * 20_000_000,
+        "the spinners barely ran after the moves"
+    );
+    // The moved-thread test's margin: the kernel splits each move at its last update of the
+    // running thread before it.
+    let close = |ours: u64, kernel: u64| ours.abs_diff(kernel) <= 10_000_000 + kernel / 100;
+    assert!(
+        close(a_ours, a_kernel_ns),
+        "a: ours {a_ours} ns, cpu.stat {a_kernel_ns} ns"
+    );
+    assert!(
+        close(b_ours, b_kernel_ns),
+        "b: ours {b_ours} ns, cpu.stat {b_kernel_ns} ns"
+    );
+}
+
+/// Sends `signal` to process `pid`.
+fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "kill {pid}");
+}
+
+/// Whether every thread of `pid` is stopped (state `T` in its stat).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    threads.flatten().all(|thread| {
+        std::fs::read_to_string(thread.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command's closing parenthesis.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    })
+}
+
 /// The programs keep most workers' counters in a fixed array of slots, taken on a worker's
 /// first event and given back when its summary is taken, and the rest in hash maps. Short
 /// workers that end one after another (a long one running beside them) each take the slot
