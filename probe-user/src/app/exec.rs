@@ -16,10 +16,12 @@ use crate::{
     cgroup::{self, CgroupIndex},
     cli::ExecArgs,
     clock::Timestamp,
-    collect::KernelCollector,
+    collect::{
+        KernelCollector,
+        memory::{self, MemoryReader},
+    },
     error::UserError,
     loader,
-    memory::{self, MemoryReader},
     model::{
         identity::identify,
         registry::WorkerRecord,

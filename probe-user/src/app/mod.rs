@@ -58,7 +58,7 @@ pub fn start_collector_with(
         ..probe.load_options()
     };
     // Maps, programs and the memory files kept open take a descriptor each.
-    crate::kept_files::raise_fd_limit();
+    crate::collect::kept_files::raise_fd_limit();
     let probe = loader::open(&options, probe_args.pin.as_deref())?;
     tell_notes(&probe);
     let collector = KernelCollector::new(probe, CgroupIndex::new(mount))?
@@ -134,7 +134,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
     let _ = trees.update(collector.live_trees(), Vec::new());
     let mut previous = collector.sample()?;
     // Only the active workers' memory is read, each tick (idle ones are not shown).
-    let mut memory = crate::memory::MemoryReader::new();
+    let mut memory = crate::collect::memory::MemoryReader::new();
     let mut ticker = tokio::time::interval(args.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await; // the first tick is immediate
@@ -318,9 +318,11 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
     fold(&mut interval, &args.tree, &mut collector);
     interval.retain_selected(&selection);
     let walked = collector.take_walked_memory();
-    crate::memory::MemoryReader::new().read_active(&mut interval, walked.as_ref(), |path| {
-        collector.cgroups().dir_of(path)
-    });
+    crate::collect::memory::MemoryReader::new().read_active(
+        &mut interval,
+        walked.as_ref(),
+        |path| collector.cgroups().dir_of(path),
+    );
     let text = if args.json {
         let node = NodeFacts::read().named(args.probe.node_name.as_deref());
         let document = SnapshotDocument::new(&interval, node, &args.probe.endpoint_namer());

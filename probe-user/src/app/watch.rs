@@ -11,8 +11,7 @@ use anyhow::Context as _;
 use crate::{
     cli::WatchArgs,
     clock::Timestamp,
-    collect::{KernelCollector, Source as _},
-    memory::MemoryReader,
+    collect::{KernelCollector, Source as _, memory::MemoryReader},
     model::{
         Sample, WorkerCounters,
         endpoints::EndpointNamer,

@@ -3,10 +3,18 @@
 use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 
-use crate::collect_events::{RingEvent, RingReader, decode_cgroup_event, decode_process_event};
-use crate::collect_heap::HeapReturn;
-use crate::collect_slots::SlotMaps;
-use crate::{collect_memory::MemoryWalk, collect_rstat::RstatReader};
+mod batch;
+mod events;
+mod heap;
+pub mod kept_files;
+pub mod memory;
+mod memory_walk;
+mod rstat;
+mod slots;
+
+use events::{RingEvent, RingReader, decode_cgroup_event, decode_process_event};
+use heap::HeapReturn;
+use memory_walk::MemoryWalk;
 use probe_common::{
     cpu::{
         CPU_SLOTS_MAP, CPU_STATS_MAP, CpuStats, FREE_SLOTS_MAP, LAST_SWITCH_MAP, LastSwitch,
@@ -22,6 +30,8 @@ use probe_common::{
     },
     process::{PROCESS_CPU_MAP, PROCESS_EVENTS_MAP, PROCESS_NET_MAP, ProcessBytes},
 };
+use rstat::RstatReader;
+use slots::SlotMaps;
 
 use crate::{
     cgroup::{self, CgroupIndex},
@@ -203,7 +213,7 @@ impl KernelCollector {
         let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?;
         let rstat = match cpu_iter {
             Some(iter) => {
-                let maps = crate::collect_rstat::RstatMaps {
+                let maps = rstat::RstatMaps {
                     cpu_now: take(probe_common::rstat::CPU_NOW_MAP)?,
                     last_walk: take(probe_common::rstat::LAST_WALK_MAP)?,
                     final_cpu: take(probe_common::rstat::FINAL_CPU_MAP)?,
@@ -233,7 +243,7 @@ impl KernelCollector {
             process_net,
             process_peaks,
             removed_memory_peaks: std::collections::BTreeMap::new(),
-            page_bytes: crate::memory::page_bytes(),
+            page_bytes: memory::page_bytes(),
             pending_events: std::collections::VecDeque::new(),
             events_taken: false,
             last_switch,
@@ -299,7 +309,7 @@ impl Source for KernelCollector {
                 let per_cpu = cpu_per_worker
                     .entry(cgroup_id)
                     .or_insert_with(|| vec![CpuStats::default(); self.cpus]);
-                crate::collect_rstat::apply(per_cpu, &times);
+                rstat::apply(per_cpu, &times);
             }
         }
         self.free_late_counters(&mut cpu_per_worker);
@@ -468,7 +478,7 @@ impl KernelCollector {
             add_per_cpu(&mut worker.cpu_per_cpu, &per_cpu);
         }
         if let Some(times) = final_cpu {
-            crate::collect_rstat::apply(&mut worker.cpu_per_cpu, &times);
+            rstat::apply(&mut worker.cpu_per_cpu, &times);
         }
         let slotted_net = slotted.map(|per_cpu| per_cpu.iter().map(|slot| slot.net).collect());
         for per_cpu in [net, slotted_net].into_iter().flatten() {
@@ -928,7 +938,7 @@ fn read_all<K: aya::Pod + Copy + Default, V: aya::Pod + Copy + Default>(
     use std::os::fd::AsFd as _;
     let fd = map.map().fd().as_fd();
     // SAFETY: the map is a per-CPU hash with Pod keys of type K and values of type V.
-    match unsafe { crate::collect_batch::lookup_all_percpu::<K, V>(fd, cpus) } {
+    match unsafe { batch::lookup_all_percpu::<K, V>(fd, cpus) } {
         Ok(entries) => Ok(entries),
         Err(err) if err.raw_os_error() == Some(libc::EINVAL) => Ok(map
             .iter()

@@ -191,7 +191,7 @@ pub fn decode_process_event(item: &[u8]) -> Option<ProcessEvent> {
             let exiting: ProcessExiting = record(item)?;
             Some(ProcessEvent::Exiting {
                 pid: exiting.pid,
-                rss_bytes: exiting.rss_pages * crate::memory::page_bytes(),
+                rss_bytes: exiting.rss_pages * super::memory::page_bytes(),
             })
         }
         THREAD_ENDED => {
@@ -213,7 +213,7 @@ pub fn decode_process_event(item: &[u8]) -> Option<ProcessEvent> {
                 run_delay_ns: end.run_delay_ns,
                 voluntary_switches: end.voluntary_switches,
                 involuntary_switches: end.involuntary_switches,
-                max_rss_bytes: end.max_rss_pages * crate::memory::page_bytes(),
+                max_rss_bytes: end.max_rss_pages * super::memory::page_bytes(),
                 sent_bytes: end.sent_bytes,
                 received_bytes: end.received_bytes,
                 wait_ns: end.wait_ns,

@@ -64,7 +64,7 @@ impl<V: SlotValue> SlotMaps<V> {
     pub fn read_all(&self, cpus: usize) -> anyhow::Result<Vec<(V::Owner, Vec<V>)>> {
         let fd = self.slot_of.map().fd().as_fd();
         // SAFETY: a plain hash of Pod owner keys and u64 values: one 8-byte value per key.
-        let owners = unsafe { crate::collect_batch::lookup_all_percpu::<V::Owner, u64>(fd, 1) }
+        let owners = unsafe { super::batch::lookup_all_percpu::<V::Owner, u64>(fd, 1) }
             .context("reading a slot map's owners")?;
         let Some(highest) = owners.iter().filter_map(|(_, slot)| slot.first()).max() else {
             return Ok(Vec::new());
@@ -73,10 +73,9 @@ impl<V: SlotValue> SlotMaps<V> {
         // Read up to the highest slot in use: the stack hands out low slots first and takes
         // given-back ones on top (see the loader's `free_every_slot`), so they stay low.
         // SAFETY: a per-CPU array of V, u32 keys.
-        let slots = unsafe {
-            crate::collect_batch::lookup_first_percpu::<u32, V>(fd, cpus, *highest as usize + 1)
-        }
-        .context("reading a slot array")?;
+        let slots =
+            unsafe { super::batch::lookup_first_percpu::<u32, V>(fd, cpus, *highest as usize + 1) }
+                .context("reading a slot array")?;
         Ok(owners
             .into_iter()
             .filter_map(|(owner, slot)| {

@@ -120,9 +120,8 @@ impl RstatReader {
         let fd = self.cpu_now.map().fd().as_fd();
         // SAFETY: the map's key and value are these `#[repr(C)]` types (a plain hash map's
         // values are laid out as one per-CPU value).
-        let entries =
-            unsafe { crate::collect_batch::lookup_all_percpu::<RstatKey, RstatNow>(fd, 1) }
-                .context("reading map CPU_NOW")?;
+        let entries = unsafe { super::batch::lookup_all_percpu::<RstatKey, RstatNow>(fd, 1) }
+            .context("reading map CPU_NOW")?;
         let mut times: TimesByCgroup = BTreeMap::new();
         let mut gone = Vec::new();
         for (key, now) in entries {

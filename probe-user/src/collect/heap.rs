@@ -58,7 +58,7 @@ fn idle_resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let mut pages = statm.split_whitespace().skip(1).map(str::parse::<u64>);
     let (resident, shared) = (pages.next()?.ok()?, pages.next()?.ok()?);
-    let anon_bytes = resident.saturating_sub(shared) * crate::memory::page_bytes();
+    let anon_bytes = resident.saturating_sub(shared) * super::memory::page_bytes();
     // SAFETY: mallinfo2 only reads the allocator's statistics.
     let heap = unsafe { libc::mallinfo2() };
     let in_use_bytes = (heap.uordblks + heap.hblkhd) as u64;

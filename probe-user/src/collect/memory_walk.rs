@@ -34,7 +34,7 @@ impl MemoryWalk {
             iter,
             memory_now: aya::maps::HashMap::try_from(memory_now).context("map MEMORY_NOW")?,
             last_walk: aya::maps::Array::try_from(last_walk).context("map LAST_MEMORY_WALK")?,
-            page_bytes: crate::memory::page_bytes(),
+            page_bytes: super::memory::page_bytes(),
         })
     }
 
@@ -51,7 +51,7 @@ impl MemoryWalk {
         let fd = self.memory_now.map().fd().as_fd();
         // SAFETY: the map's key and value are these types, valid for any bit pattern (a plain
         // hash map's values are laid out as one per-CPU value).
-        let entries = unsafe { crate::collect_batch::lookup_all_percpu::<u64, MemoryNow>(fd, 1) }
+        let entries = unsafe { super::batch::lookup_all_percpu::<u64, MemoryNow>(fd, 1) }
             .context("reading map MEMORY_NOW")?;
         let mut memory = HashMap::with_capacity(entries.len());
         for (cgroup_id, now) in entries {

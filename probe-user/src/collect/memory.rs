@@ -16,10 +16,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
-    kept_files::KeptFiles,
-    model::{Interval, MemoryReading, MemorySource},
-};
+use super::kept_files::KeptFiles;
+use crate::model::{Interval, MemoryReading, MemorySource};
 
 /// Reads workers' memory.
 pub struct MemoryReader {
