@@ -3,6 +3,14 @@
 
 /// Global: `offsetof(struct task_struct, se.sum_exec_runtime)`.
 pub const SUM_EXEC_RUNTIME_OFFSET_GLOBAL: &str = "TASK_SUM_EXEC_RUNTIME_OFFSET";
+/// Global: `offsetof(struct task_struct, se.prev_sum_exec_runtime)`: `sum_exec_runtime` when
+/// the scheduler last put the task on its CPU (`set_next_entity`).
+pub const PREV_SUM_EXEC_RUNTIME_OFFSET_GLOBAL: &str = "TASK_PREV_SUM_EXEC_RUNTIME_OFFSET";
+/// Global: `offsetof(struct task_struct, sched_task_group)`: the task's cpu controller group
+/// (0: a kernel without CONFIG_CGROUP_SCHED).
+pub const SCHED_TASK_GROUP_OFFSET_GLOBAL: &str = "TASK_SCHED_TASK_GROUP_OFFSET";
+/// Global: `offsetof(struct task_group, css.cgroup)`: the cgroup a cpu controller group is of.
+pub const TASK_GROUP_CSS_CGROUP_OFFSET_GLOBAL: &str = "TASK_GROUP_CSS_CGROUP_OFFSET";
 /// Global: `offsetof(struct task_struct, pid)` (the thread id).
 pub const PID_OFFSET_GLOBAL: &str = "TASK_PID_OFFSET";
 /// Global: `offsetof(struct task_struct, sched_info.pcount)`.
@@ -80,6 +88,11 @@ pub struct WaitOffsets {
 pub struct TaskOffsets {
     /// `task_struct.se.sum_exec_runtime`.
     pub sum_exec_runtime: u32,
+    /// `task_struct.se.prev_sum_exec_runtime`.
+    pub prev_sum_exec_runtime: u32,
+    /// `task_struct.sched_task_group` and `task_group.css.cgroup`, `None` without
+    /// CONFIG_CGROUP_SCHED.
+    pub cpu_group: Option<CpuGroupOffsets>,
     /// `task_struct.pid`.
     pub pid: u32,
     /// `task_struct.cgroups`.
@@ -102,6 +115,15 @@ pub struct TaskOffsets {
     pub stime: u32,
     /// `task_struct.tgid`.
     pub tgid: u32,
+}
+
+/// Where a task's cpu controller group and that group's cgroup are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuGroupOffsets {
+    /// `task_struct.sched_task_group`.
+    pub sched_task_group: u32,
+    /// `task_group.css.cgroup`.
+    pub task_group_css_cgroup: u32,
 }
 
 /// Offsets in `task_struct.sched_info`, the scheduler's own run-queue accounting (rq clock).

@@ -176,21 +176,43 @@ fn since_moved_ns(task: Task, cgroup_id: u64) -> u64 {
 }
 
 /// Rare path: the task's slice ends in another cgroup than it began in. The part before the
-/// move (its length less the time since the move, as it ran throughout) goes to the cgroup it
-/// left, with its share of the tick-sampled user/system time; returns that part. As the
-/// kernel's `cpu.stat` charges it: what ran before the move, to the cgroup it ran in (to within
-/// the scheduler's update before the move, at most a tick). A move not yet noted is under way,
-/// and all of it goes to the cgroup it left; with that cgroup gone from the map, all of it
-/// stays with the new one.
+/// move goes to the cgroup it left, with its share of the tick-sampled user/system time;
+/// returns that part. As the kernel's `cpu.stat` charges it: what ran before the move, to the
+/// cgroup it ran in (to within the scheduler's update before the move, at most a tick).
+///
+/// Where the move went through the cpu controller (the task's cpu group is now the new
+/// cgroup's), the scheduler says where in the slice it fell: the controller takes a running
+/// task off its CPU and puts it back, which restarts `prev_sum_exec_runtime` at the move; a
+/// task not running then began this slice after it, in the new cgroup. The move's tracepoint
+/// fires only once every thread has moved, so it cannot tell: a thread that took the CPU in
+/// between would have its run charged to the cgroup it left. The figure restarts at other
+/// changes too (a thread's exit, its affinity or priority), always later than the move, so the
+/// tracepoint's split bounds it. Elsewhere no controller touches
+/// the task, and the tracepoint's time splits the slice (its length less the time since the
+/// move, as it ran throughout); a move not yet noted is under way, and all of it goes to the
+/// cgroup it left. With that cgroup gone from the map, all of it stays with the new one.
 #[inline(never)]
 fn charge_slice_before_move(
     state: &mut TaskState,
     prev: Task,
     cgroup_id: u64,
     slice_ns: u64,
+    runtime_ns: u64,
 ) -> u64 {
     let (from_cgroup_id, since_ns) = settle_move(state, prev, cgroup_id);
-    let before_ns = slice_ns.saturating_sub(since_ns);
+    // Up to the tracepoint, if it ran throughout; all of it if the move is still under way.
+    let before_tracepoint_ns = slice_ns.saturating_sub(since_ns);
+    let before_ns = if task::cpu_group_is_cgroups_own(prev) {
+        let slice_start_ns = runtime_ns.saturating_sub(slice_ns);
+        // Not past the slice's start: it was not running at the move (or is of a class that
+        // leaves the figure alone). Past the tracepoint: put back later in the slice than the
+        // move (at its exit, by a change of affinity or priority), so the tracepoint is nearer.
+        task::prev_sum_exec_runtime_ns(prev)
+            .saturating_sub(slice_start_ns)
+            .min(before_tracepoint_ns)
+    } else {
+        before_tracepoint_ns
+    };
     if before_ns == 0 {
         return 0;
     }
@@ -565,7 +587,7 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     let cgroup_id = task::cgroup_id(prev);
     let mut slice_ns = slice_ns;
     if state.cgroup_id != cgroup_id {
-        slice_ns -= charge_slice_before_move(state, prev, cgroup_id, slice_ns);
+        slice_ns -= charge_slice_before_move(state, prev, cgroup_id, slice_ns, runtime_ns);
     }
     if let Some(stats) = counters(state, cgroup_id) {
         // SAFETY: per-CPU value of this CPU; no other writer while we run.

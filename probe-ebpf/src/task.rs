@@ -18,6 +18,12 @@ use crate::local_storage::{LocalStorage, TASK_STORAGE};
 #[unsafe(no_mangle)]
 static TASK_SUM_EXEC_RUNTIME_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static TASK_PREV_SUM_EXEC_RUNTIME_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_SCHED_TASK_GROUP_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_GROUP_CSS_CGROUP_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static TASK_PID_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static TASK_SCHED_INFO_PCOUNT_OFFSET: Global<u32> = Global::new(0);
@@ -93,6 +99,37 @@ pub(crate) unsafe fn field<T: Copy>(base: *const u8, offset: u32) -> T {
 pub fn sum_exec_runtime_ns(task: Task) -> u64 {
     // SAFETY: task pointer from a tracepoint; offset from BTF.
     unsafe { field(task, TASK_SUM_EXEC_RUNTIME_OFFSET.load()) }
+}
+
+/// The task's `sum_exec_runtime` when the scheduler last put it on its CPU
+/// (`se.prev_sum_exec_runtime`, set by `set_next_entity`): at its switch-in, and again when
+/// the cpu controller moves it while it runs (it takes the task off its CPU and puts it back).
+/// Fair-class tasks only; other classes leave it as it was.
+#[inline(always)]
+pub fn prev_sum_exec_runtime_ns(task: Task) -> u64 {
+    // SAFETY: task pointer from a tracepoint; offset from BTF.
+    unsafe { field(task, TASK_PREV_SUM_EXEC_RUNTIME_OFFSET.load()) }
+}
+
+/// Whether the task's cpu controller group is its cgroup2 cgroup's own
+/// (`sched_task_group->css.cgroup == cgroups->dfl_cgrp`): its move into that cgroup went
+/// through the cpu controller. False on a kernel without cpu controller groups, where the cpu
+/// controller is on a v1 hierarchy, or where the cgroup has none of its own.
+#[inline(always)]
+pub fn cpu_group_is_cgroups_own(task: Task) -> bool {
+    let group_offset = TASK_SCHED_TASK_GROUP_OFFSET.load();
+    if group_offset == 0 {
+        return false;
+    }
+    // SAFETY: each pointer comes from a BTF-checked load of the previous one; a fault yields
+    // 0, which is no cgroup's address.
+    unsafe {
+        let group: *const u8 = field(task, group_offset);
+        let group_cgroup: u64 = field(group, TASK_GROUP_CSS_CGROUP_OFFSET.load());
+        let css_set: *const u8 = field(task, TASK_CGROUPS_OFFSET.load());
+        let cgroup: u64 = field(css_set, CSS_SET_DFL_CGRP_OFFSET.load());
+        group_cgroup != 0 && group_cgroup == cgroup
+    }
 }
 
 /// User and system time the kernel's tick sampling has charged the task (`utime`, `stime`).

@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail};
 use probe_common::{
     memory::MemoryOffsets,
     process::ProcessOffsets,
-    task::{SchedInfoOffsets, TaskOffsets, WaitOffsets},
+    task::{CpuGroupOffsets, SchedInfoOffsets, TaskOffsets, WaitOffsets},
 };
 
 use super::btf_reader::{BtfReader as Btf, Kind, Type};
@@ -49,6 +49,9 @@ pub fn socket_sk_offset(btf: &Btf) -> anyhow::Result<u32> {
 pub fn task_offsets(btf: &Btf) -> anyhow::Result<TaskOffsets> {
     Ok(TaskOffsets {
         sum_exec_runtime: member_offset(btf, "task_struct", &["se", "sum_exec_runtime"])?,
+        prev_sum_exec_runtime: member_offset(btf, "task_struct", &["se", "prev_sum_exec_runtime"])?,
+        // Only with CONFIG_CGROUP_SCHED; without it no move goes through a cpu controller.
+        cpu_group: cpu_group_offsets(btf).ok(),
         pid: member_offset(btf, "task_struct", &["pid"])?,
         cgroups: member_offset(btf, "task_struct", &["cgroups"])?,
         // Only with CONFIG_SCHED_INFO; without it the delays cannot be measured.
@@ -61,6 +64,14 @@ pub fn task_offsets(btf: &Btf) -> anyhow::Result<TaskOffsets> {
         utime: member_offset(btf, "task_struct", &["utime"])?,
         stime: member_offset(btf, "task_struct", &["stime"])?,
         tgid: member_offset(btf, "task_struct", &["tgid"])?,
+    })
+}
+
+/// Where the task's cpu controller group is, and the cgroup of that group.
+fn cpu_group_offsets(btf: &Btf) -> anyhow::Result<CpuGroupOffsets> {
+    Ok(CpuGroupOffsets {
+        sched_task_group: member_offset(btf, "task_struct", &["sched_task_group"])?,
+        task_group_css_cgroup: member_offset(btf, "task_group", &["css", "cgroup"])?,
     })
 }
 
@@ -331,6 +342,9 @@ mod tests {
             ("sock", &["__sk_common", "skc_v6_daddr"]),
             ("socket", &["sk"]),
             ("task_struct", &["se", "sum_exec_runtime"]),
+            ("task_struct", &["se", "prev_sum_exec_runtime"]),
+            ("task_struct", &["sched_task_group"]),
+            ("task_group", &["css", "cgroup"]),
             ("task_struct", &["sched_info", "pcount"]),
             ("task_struct", &["sched_info", "run_delay"]),
             ("task_struct", &["sched_info", "last_arrival"]),

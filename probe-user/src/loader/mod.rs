@@ -39,11 +39,12 @@ use probe_common::{
         CGROUPS_OFFSET_GLOBAL, CSS_SET_DFL_CGRP_OFFSET_GLOBAL, FDTABLE_FD_OFFSET_GLOBAL,
         FDTABLE_MAX_FDS_OFFSET_GLOBAL, FILE_F_INODE_OFFSET_GLOBAL, FILES_FDT_OFFSET_GLOBAL,
         FILES_OFFSET_GLOBAL, FLAGS_OFFSET_GLOBAL, INODE_I_MODE_OFFSET_GLOBAL,
-        KERNFS_NODE_ID_OFFSET_GLOBAL, PID_OFFSET_GLOBAL, PT_REGS_DI_OFFSET_GLOBAL,
-        PT_REGS_ORIG_AX_OFFSET_GLOBAL, SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL,
-        SCHED_INFO_LAST_QUEUED_OFFSET_GLOBAL, SCHED_INFO_PCOUNT_OFFSET_GLOBAL,
-        SCHED_INFO_RUN_DELAY_OFFSET_GLOBAL, STIME_OFFSET_GLOBAL, SUM_EXEC_RUNTIME_OFFSET_GLOBAL,
-        TGID_OFFSET_GLOBAL, UTIME_OFFSET_GLOBAL,
+        KERNFS_NODE_ID_OFFSET_GLOBAL, PID_OFFSET_GLOBAL, PREV_SUM_EXEC_RUNTIME_OFFSET_GLOBAL,
+        PT_REGS_DI_OFFSET_GLOBAL, PT_REGS_ORIG_AX_OFFSET_GLOBAL,
+        SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL, SCHED_INFO_LAST_QUEUED_OFFSET_GLOBAL,
+        SCHED_INFO_PCOUNT_OFFSET_GLOBAL, SCHED_INFO_RUN_DELAY_OFFSET_GLOBAL,
+        SCHED_TASK_GROUP_OFFSET_GLOBAL, STIME_OFFSET_GLOBAL, SUM_EXEC_RUNTIME_OFFSET_GLOBAL,
+        TASK_GROUP_CSS_CGROUP_OFFSET_GLOBAL, TGID_OFFSET_GLOBAL, UTIME_OFFSET_GLOBAL,
     },
 };
 
@@ -384,6 +385,9 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         return Err(UserError::NothingToMeasure(plan.notes(&features::kernel_release())).into());
     }
     let sched_info = task.sched_info.unwrap_or_default();
+    // Zero offsets where the kernel has no cpu controller groups: the programs then know no
+    // move went through one.
+    let cpu_group = task.cpu_group.unwrap_or_default();
     let endpoints_on = u32::from(plan.measured().endpoints);
 
     let possible_cpus = aya::util::nr_cpus().unwrap_or(1);
@@ -454,6 +458,21 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         .override_global(SOCK_V6_DADDR_OFFSET_GLOBAL, &sock.v6_daddr, true)
         .override_global(SOCKET_SK_OFFSET_GLOBAL, &socket_sk_offset, true)
         .override_global(SUM_EXEC_RUNTIME_OFFSET_GLOBAL, &task.sum_exec_runtime, true)
+        .override_global(
+            PREV_SUM_EXEC_RUNTIME_OFFSET_GLOBAL,
+            &task.prev_sum_exec_runtime,
+            true,
+        )
+        .override_global(
+            SCHED_TASK_GROUP_OFFSET_GLOBAL,
+            &cpu_group.sched_task_group,
+            true,
+        )
+        .override_global(
+            TASK_GROUP_CSS_CGROUP_OFFSET_GLOBAL,
+            &cpu_group.task_group_css_cgroup,
+            true,
+        )
         .override_global(PID_OFFSET_GLOBAL, &task.pid, true)
         .override_global(CGROUPS_OFFSET_GLOBAL, &task.cgroups, true)
         .override_global(SCHED_INFO_PCOUNT_OFFSET_GLOBAL, &sched_info.pcount, true)
