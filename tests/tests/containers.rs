@@ -116,7 +116,14 @@ fn settled_usage_usec(dir: &Path, limit: Duration) -> u64 {
 /// The one worker of `document`'s `workers` whose name is `name`.
 fn worker_named<'a>(workers: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
     let found: Vec<&serde_json::Value> = workers.iter().filter(|w| w["name"] == name).collect();
-    assert_eq!(found.len(), 1, "workers named {name}: {found:?}");
+    // All of them when it is missing: unnamed (its name not read in time) or not there at all.
+    let seen: Vec<(&serde_json::Value, &serde_json::Value)> =
+        workers.iter().map(|w| (&w["name"], &w["ids"])).collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "workers named {name}: {found:?}; all workers (name, ids): {seen:?}"
+    );
     found[0]
 }
 
