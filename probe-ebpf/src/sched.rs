@@ -187,10 +187,10 @@ fn since_moved_ns(task: Task, cgroup_id: u64) -> u64 {
 /// fires only once every thread has moved, so it cannot tell: a thread that took the CPU in
 /// between would have its run charged to the cgroup it left. The figure restarts at other
 /// changes too (a thread's exit, its affinity or priority), always later than the move, so the
-/// tracepoint's split bounds it. Elsewhere no controller touches
-/// the task, and the tracepoint's time splits the slice (its length less the time since the
-/// move, as it ran throughout); a move not yet noted is under way, and all of it goes to the
-/// cgroup it left. With that cgroup gone from the map, all of it stays with the new one.
+/// tracepoint's split bounds it. Elsewhere no controller touches the task, and the
+/// tracepoint's time splits the slice (its length less the time since the move, as it ran
+/// throughout); a move not yet noted is under way, and all of it goes to the cgroup it left.
+/// With that cgroup gone from the map, all of it stays with the new one.
 #[inline(never)]
 fn charge_slice_before_move(
     state: &mut TaskState,

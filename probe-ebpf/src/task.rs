@@ -122,14 +122,12 @@ pub fn cpu_group_is_cgroups_own(task: Task) -> bool {
         return false;
     }
     // SAFETY: each pointer comes from a BTF-checked load of the previous one; a fault yields
-    // 0, which is no cgroup's address.
-    unsafe {
+    // null, which is no cgroup.
+    let group_cgroup: Cgroup = unsafe {
         let group: *const u8 = field(task, group_offset);
-        let group_cgroup: u64 = field(group, TASK_GROUP_CSS_CGROUP_OFFSET.load());
-        let css_set: *const u8 = field(task, TASK_CGROUPS_OFFSET.load());
-        let cgroup: u64 = field(css_set, CSS_SET_DFL_CGRP_OFFSET.load());
-        group_cgroup != 0 && group_cgroup == cgroup
-    }
+        field(group, TASK_GROUP_CSS_CGROUP_OFFSET.load())
+    };
+    !group_cgroup.is_null() && group_cgroup == cgroup2(task)
 }
 
 /// User and system time the kernel's tick sampling has charged the task (`utime`, `stime`).
@@ -192,11 +190,16 @@ pub fn last_queued_ns(task: Task) -> u64 {
 /// `bpf_get_current_cgroup_id` computes it, for any task.
 #[inline(always)]
 pub fn cgroup_id(task: Task) -> u64 {
+    id_of_cgroup(cgroup2(task))
+}
+
+/// The task's cgroup v2 cgroup: `task->cgroups->dfl_cgrp`.
+#[inline(always)]
+fn cgroup2(task: Task) -> Cgroup {
     // SAFETY: each pointer comes from a BTF-checked load of the previous one; a fault yields 0.
     unsafe {
         let css_set: *const u8 = field(task, TASK_CGROUPS_OFFSET.load());
-        let cgroup: *const u8 = field(css_set, CSS_SET_DFL_CGRP_OFFSET.load());
-        id_of_cgroup(cgroup)
+        field(css_set, CSS_SET_DFL_CGRP_OFFSET.load())
     }
 }
 
