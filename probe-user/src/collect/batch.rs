@@ -1,5 +1,11 @@
 //! Reading a whole per-CPU hash map in a few system calls (`BPF_MAP_LOOKUP_BATCH`, Linux 5.6),
 //! which aya 0.14 does not offer: iterating key by key costs two calls per worker per tick.
+//!
+//! The kernel writes keys and values straight into [`PerCpuEntries`]' buffers, which a
+//! caller keeps from one sample to the next: at 1,000 workers the CPU slots alone are over a
+//! megabyte a read, and allocating it afresh each time (a new mapping, faulted in page by
+//! page, then unmapped) and splitting it into a vector per entry cost the agent a tenth of
+//! its CPU.
 
 use std::{
     io,
@@ -23,40 +29,97 @@ struct BatchAttr {
     flags: u64,
 }
 
+/// A per-CPU map's entries as one read left them: keys, and `cpus` values per key in one
+/// flat buffer. Kept between reads so that its buffers are reused.
+pub struct PerCpuEntries<K, V> {
+    cpus: usize,
+    keys: Vec<K>,
+    values: Vec<V>,
+}
+
+impl<K: Copy, V: Copy> PerCpuEntries<K, V> {
+    /// Empty, for a map with `cpus` values per key (1 for a plain map).
+    pub fn new(cpus: usize) -> Self {
+        Self {
+            cpus: cpus.max(1),
+            keys: Vec::new(),
+            values: Vec::new(),
+        }
+    }
+
+    /// Each entry: its key and its values, one per CPU.
+    pub fn iter(&self) -> impl Iterator<Item = (K, &[V])> {
+        self.keys
+            .iter()
+            .copied()
+            .zip(self.values.chunks_exact(self.cpus))
+    }
+
+    /// The values of the entry at `index`, writable.
+    pub fn get_mut(&mut self, index: usize) -> Option<&mut [V]> {
+        let start = index.checked_mul(self.cpus)?;
+        self.values.get_mut(start..start + self.cpus)
+    }
+
+    /// The entry at `index` in the map's order (for an array, the key `index`).
+    pub fn get(&self, index: usize) -> Option<(K, &[V])> {
+        let key = *self.keys.get(index)?;
+        let start = index * self.cpus;
+        Some((key, self.values.get(start..start + self.cpus)?))
+    }
+
+    /// Every entry copied out, a vector of values each: for readers that keep them.
+    pub fn to_vec(&self) -> Vec<(K, Vec<V>)> {
+        self.iter()
+            .map(|(key, values)| (key, values.to_vec()))
+            .collect()
+    }
+}
+
 /// Every entry of a per-CPU hash map: (key, one value per possible CPU).
 ///
 /// # Safety
 /// `fd` must be a `BPF_MAP_TYPE_PERCPU_HASH` with keys of type `K` and values of type `V`,
 /// both valid for any bit pattern.
-pub unsafe fn lookup_all_percpu<K: Copy + Default, V: Copy + Default>(
+pub unsafe fn lookup_all_percpu<K: Copy, V: Copy>(
     fd: BorrowedFd<'_>,
     cpus: usize,
 ) -> io::Result<Vec<(K, Vec<V>)>> {
+    let mut entries = PerCpuEntries::new(cpus);
     // SAFETY: as the caller promised.
-    unsafe { lookup_first_percpu(fd, cpus, usize::MAX) }
+    unsafe { read_first(fd, usize::MAX, &mut entries) }?;
+    Ok(entries.to_vec())
 }
 
-/// The first `max_keys` entries of a per-CPU map, in its order (for an array, indexes
-/// `0..max_keys`). A plain map with 8-byte values reads the same with `cpus` 1.
+/// Reads the first `max_keys` entries of a per-CPU map, in its order (for an array, indexes
+/// `0..max_keys`), into `into`, replacing what it held. A plain map reads the same with
+/// `into` made for 1 CPU.
 ///
 /// # Safety
-/// As [`lookup_all_percpu`], for a per-CPU hash or array (`K` = `u32` for an array).
-pub unsafe fn lookup_first_percpu<K: Copy + Default, V: Copy + Default>(
+/// `fd` must be a per-CPU hash or array (`K` = `u32` for an array), or a plain hash, whose
+/// keys are of type `K` and values of type `V` (per CPU), both valid for any bit pattern.
+pub unsafe fn read_first<K: Copy, V: Copy>(
     fd: BorrowedFd<'_>,
-    cpus: usize,
     max_keys: usize,
-) -> io::Result<Vec<(K, Vec<V>)>> {
-    if max_keys == 0 {
-        return Ok(Vec::new());
+    into: &mut PerCpuEntries<K, V>,
+) -> io::Result<()> {
+    // The kernel lays a per-CPU value out every 8 bytes (a plain one, at its size): a V of a
+    // multiple of 8 bytes and alignment at most 8 sits in a Vec<V> exactly as written.
+    const {
+        assert!(size_of::<V>().is_multiple_of(8) && align_of::<V>() <= 8);
     }
-    let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
+    let cpus = into.cpus;
+    into.keys.clear();
+    into.values.clear();
+    if max_keys == 0 {
+        return Ok(());
+    }
     let mut chunk = 1024usize.min(max_keys);
-    let mut entries = Vec::new();
     let mut in_token = 0u64;
     let mut first = true;
     loop {
-        let mut keys = vec![K::default(); chunk];
-        let mut values = vec![0u8; chunk * cpus * stride];
+        into.keys.reserve(chunk);
+        into.values.reserve(chunk * cpus);
         let mut out_token = 0u64;
         let mut attr = BatchAttr {
             in_batch: if first {
@@ -65,14 +128,14 @@ pub unsafe fn lookup_first_percpu<K: Copy + Default, V: Copy + Default>(
                 &in_token as *const u64 as u64
             },
             out_batch: &mut out_token as *mut u64 as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
+            keys: into.keys.spare_capacity_mut().as_mut_ptr() as u64,
+            values: into.values.spare_capacity_mut().as_mut_ptr() as u64,
             count: chunk as u32,
             map_fd: fd.as_raw_fd() as u32,
             ..BatchAttr::default()
         };
-        // SAFETY: attr points to buffers sized for `count` keys and values, as the kernel
-        // expects for this map; they outlive the call.
+        // SAFETY: attr points to spare room for `count` keys and values (reserved above), as
+        // the kernel expects for this map; it outlives the call.
         let ret = unsafe {
             libc::syscall(
                 libc::SYS_bpf,
@@ -94,21 +157,18 @@ pub unsafe fn lookup_first_percpu<K: Copy + Default, V: Copy + Default>(
         {
             return Err(io::Error::new(err.kind(), err.to_string()));
         }
-        for (index, &key) in keys.iter().take(attr.count as usize).enumerate() {
-            let per_cpu = (0..cpus)
-                .map(|cpu| {
-                    let offset = (index * cpus + cpu) * stride;
-                    // SAFETY: the kernel wrote a V at this offset (8-byte aligned stride);
-                    // read_unaligned copes with the Vec<u8>'s alignment.
-                    unsafe { std::ptr::read_unaligned(values[offset..].as_ptr().cast::<V>()) }
-                })
-                .collect();
-            entries.push((key, per_cpu));
+        let found = (attr.count as usize).min(chunk);
+        // SAFETY: the kernel wrote `found` keys and `found * cpus` values into the spare room
+        // (reserved above), and any bit pattern is a valid K and V.
+        unsafe {
+            into.keys.set_len(into.keys.len() + found);
+            into.values.set_len(into.values.len() + found * cpus);
         }
         // ENOENT: that was the last batch.
-        if error.is_some() || entries.len() >= max_keys {
-            entries.truncate(max_keys);
-            return Ok(entries);
+        if error.is_some() || into.keys.len() >= max_keys {
+            into.keys.truncate(max_keys);
+            into.values.truncate(max_keys.saturating_mul(cpus));
+            return Ok(());
         }
         in_token = out_token;
         first = false;

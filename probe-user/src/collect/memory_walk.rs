@@ -8,6 +8,8 @@ use anyhow::Context as _;
 use aya::maps::{IterableMap as _, MapData};
 use probe_common::memory::MemoryNow;
 
+use super::batch::PerCpuEntries;
+
 use crate::{
     loader::cgroup_iter::CgroupIter,
     model::{MemoryReading, MemorySource},
@@ -21,6 +23,8 @@ pub struct MemoryWalk {
     /// The id of the last walk that ended.
     last_walk: aya::maps::Array<MapData, u64>,
     page_bytes: u64,
+    /// The last read of `memory_now`, its buffers kept for the next.
+    entries: PerCpuEntries<u64, MemoryNow>,
 }
 
 impl MemoryWalk {
@@ -35,6 +39,7 @@ impl MemoryWalk {
             memory_now: aya::maps::HashMap::try_from(memory_now).context("map MEMORY_NOW")?,
             last_walk: aya::maps::Array::try_from(last_walk).context("map LAST_MEMORY_WALK")?,
             page_bytes: super::memory::page_bytes(),
+            entries: PerCpuEntries::new(1),
         })
     }
 
@@ -51,10 +56,10 @@ impl MemoryWalk {
         let fd = self.memory_now.map().fd().as_fd();
         // SAFETY: the map's key and value are these types, valid for any bit pattern (a plain
         // hash map's values are laid out as one per-CPU value).
-        let entries = unsafe { super::batch::lookup_all_percpu::<u64, MemoryNow>(fd, 1) }
+        unsafe { super::batch::read_first(fd, usize::MAX, &mut self.entries) }
             .context("reading map MEMORY_NOW")?;
-        let mut memory = HashMap::with_capacity(entries.len());
-        for (cgroup_id, now) in entries {
+        let mut memory = HashMap::new();
+        for (cgroup_id, now) in self.entries.iter() {
             let Some(now) = now.first() else { continue };
             if now.walk != walk {
                 let _ = self.memory_now.remove(&cgroup_id);

@@ -1,5 +1,7 @@
 //! Collection: reads the programs' maps into a [`Sample`]. Knows nothing of sinks.
 
+use std::collections::btree_map::Entry;
+
 use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 
@@ -158,6 +160,7 @@ impl KernelCollector {
     pub fn new(mut probe: Probe, cgroups: CgroupIndex) -> anyhow::Result<Self> {
         let cpu_iter = probe.take_cpu_iter();
         let memory_iter = probe.take_memory_iter();
+        let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?;
         let mut take = |name: &str| {
             probe
                 .take_map(name)
@@ -169,6 +172,7 @@ impl KernelCollector {
             take(CPU_SLOTS_MAP).ok(),
             take(SLOT_OF_MAP).ok(),
             take(FREE_SLOTS_MAP).ok(),
+            cpus,
         );
         let net_stats = PerCpuHashMap::try_from(take(NET_STATS_MAP)?)
             .with_context(|| format!("map {NET_STATS_MAP}"))?;
@@ -182,6 +186,7 @@ impl KernelCollector {
             take(ENDPOINT_SLOTS_MAP).ok(),
             take(ENDPOINT_SLOT_OF_MAP).ok(),
             take(FREE_ENDPOINT_SLOTS_MAP).ok(),
+            cpus,
         );
         let last_switch = PerCpuArray::try_from(take(LAST_SWITCH_MAP)?)
             .with_context(|| format!("map {LAST_SWITCH_MAP}"))?;
@@ -210,7 +215,6 @@ impl KernelCollector {
             );
         let process_peaks = PerCpuHashMap::try_from(take(PROCESS_PEAKS_MAP)?)
             .with_context(|| format!("map {PROCESS_PEAKS_MAP}"))?;
-        let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?;
         let rstat = match cpu_iter {
             Some(iter) => {
                 let maps = rstat::RstatMaps {
@@ -509,11 +513,11 @@ impl KernelCollector {
 
     /// The slots of the endpoints' fast path that hold the worker's endpoints (none: they
     /// are in the endpoint hash, or endpoints are not measured).
-    pub fn endpoint_slots_of(&self, cgroup_id: u64) -> Vec<u32> {
-        let Some(slots) = self.endpoint_slots.as_ref() else {
+    pub fn endpoint_slots_of(&mut self, cgroup_id: u64) -> Vec<u32> {
+        let Some(slots) = self.endpoint_slots.as_mut() else {
             return Vec::new();
         };
-        let owners = slots.read_all(self.cpus).unwrap_or_default();
+        let owners = slots.read_all().unwrap_or_default();
         owners
             .into_iter()
             .filter(|(key, _)| key.cgroup_id == cgroup_id)
@@ -548,8 +552,8 @@ impl KernelCollector {
     /// Entries of workers already summarised are freed unreported, as `free_late_counters`
     /// does for their CPU counters.
     fn read_endpoints(&mut self) -> anyhow::Result<Vec<EndpointDelta>> {
-        let slotted = match &self.endpoint_slots {
-            Some(slots) => slots.read_all(self.cpus)?,
+        let slotted = match &mut self.endpoint_slots {
+            Some(slots) => slots.read_all()?,
             None => Vec::new(),
         };
         let (late, live): (Vec<_>, Vec<_>) = read_all(&self.endpoints, self.cpus)?
@@ -576,7 +580,7 @@ impl KernelCollector {
             }
         }
         if let Some(slots) = self.endpoint_slots.as_mut() {
-            for (key, _) in slots.read_all(self.cpus).unwrap_or_default() {
+            for (key, _) in slots.read_all().unwrap_or_default() {
                 if key.cgroup_id == cgroup_id
                     && let Some(per_cpu) = slots.finish(key, self.cpus)
                 {
@@ -751,13 +755,19 @@ impl KernelCollector {
             self.slot_net.clear();
             let mut per_worker: CpuPerWorker =
                 read_all(&self.cpu_stats, self.cpus)?.into_iter().collect();
-            if let Some(slots) = &self.cpu_slots {
-                for (cgroup_id, per_cpu) in slots.read_all(self.cpus)? {
-                    let cpu: Vec<CpuStats> = per_cpu.iter().map(|slot| slot.stats).collect();
-                    let sum = per_worker
-                        .entry(cgroup_id)
-                        .or_insert_with(|| vec![CpuStats::default(); self.cpus]);
-                    add_per_cpu(sum, &cpu);
+            if let Some(slots) = &mut self.cpu_slots {
+                for (cgroup_id, per_cpu) in slots.read()? {
+                    let cpu = per_cpu.iter().map(|slot| slot.stats);
+                    match per_worker.entry(cgroup_id) {
+                        Entry::Occupied(mut sum) => {
+                            for (sum, add) in sum.get_mut().iter_mut().zip(cpu) {
+                                sum.add(&add);
+                            }
+                        }
+                        Entry::Vacant(entry) => {
+                            entry.insert(cpu.collect());
+                        }
+                    }
                     self.slot_net
                         .push((cgroup_id, per_cpu.iter().map(|s| s.net).collect()));
                 }

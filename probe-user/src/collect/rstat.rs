@@ -13,6 +13,7 @@ use probe_common::{
     rstat::{RstatCpu, RstatKey, RstatNow},
 };
 
+use super::batch::PerCpuEntries;
 use crate::loader::cgroup_iter::CgroupIter;
 
 /// CPU time per CPU of each cgroup.
@@ -31,6 +32,8 @@ pub struct RstatReader {
     /// cgroup's birth, the agent from its own start, as with every other counter.
     baseline: HashMap<u64, Vec<RstatCpu>>,
     cpus: usize,
+    /// The last read of `cpu_now`, its buffers kept for the next.
+    entries: PerCpuEntries<RstatKey, RstatNow>,
 }
 
 /// The maps the iterator and the removal program fill.
@@ -53,6 +56,7 @@ impl RstatReader {
             final_cpu: aya::maps::HashMap::try_from(maps.final_cpu).context("map FINAL_CPU")?,
             baseline: HashMap::new(),
             cpus,
+            entries: PerCpuEntries::new(1),
         };
         reader.baseline = reader.walk_raw()?.into_iter().collect();
         Ok(reader)
@@ -120,11 +124,11 @@ impl RstatReader {
         let fd = self.cpu_now.map().fd().as_fd();
         // SAFETY: the map's key and value are these `#[repr(C)]` types (a plain hash map's
         // values are laid out as one per-CPU value).
-        let entries = unsafe { super::batch::lookup_all_percpu::<RstatKey, RstatNow>(fd, 1) }
+        unsafe { super::batch::read_first(fd, usize::MAX, &mut self.entries) }
             .context("reading map CPU_NOW")?;
         let mut times: TimesByCgroup = BTreeMap::new();
         let mut gone = Vec::new();
-        for (key, now) in entries {
+        for (key, now) in self.entries.iter() {
             let Some(now) = now.first() else { continue };
             if now.walk != walk {
                 gone.push(key);

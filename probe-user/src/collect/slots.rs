@@ -13,6 +13,8 @@ use std::os::fd::AsFd as _;
 
 use aya::maps::IterableMap as _;
 
+use super::batch::PerCpuEntries;
+
 use anyhow::Context as _;
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues, Stack};
 use probe_common::{
@@ -47,41 +49,71 @@ pub struct SlotMaps<V: SlotValue> {
     counters: PerCpuArray<MapData, V>,
     slot_of: HashMap<MapData, V::Owner, u64>,
     free: Stack<MapData, u32>,
+    /// The last read of `slot_of`, its buffers kept for the next.
+    owners: PerCpuEntries<V::Owner, u64>,
+    /// The last read of `counters`, likewise.
+    slots: PerCpuEntries<u32, V>,
 }
 
 impl<V: SlotValue> SlotMaps<V> {
     /// The three maps; `None` from a pin set made before they existed.
-    pub fn new(counters: Option<Map>, slot_of: Option<Map>, free: Option<Map>) -> Option<Self> {
+    pub fn new(
+        counters: Option<Map>,
+        slot_of: Option<Map>,
+        free: Option<Map>,
+        cpus: usize,
+    ) -> Option<Self> {
         Some(Self {
             counters: PerCpuArray::try_from(counters?).ok()?,
             slot_of: HashMap::try_from(slot_of?).ok()?,
             free: Stack::try_from(free?).ok()?,
+            owners: PerCpuEntries::new(1),
+            slots: PerCpuEntries::new(cpus),
         })
     }
 
-    /// Every owner with a slot, and its counters per CPU (a CPU where the slot is not yet the
-    /// owner's counts nothing for it).
-    pub fn read_all(&self, cpus: usize) -> anyhow::Result<Vec<(V::Owner, Vec<V>)>> {
+    /// Every owner with a slot, and its counters per CPU (zeros on a CPU where the slot is
+    /// not yet the owner's). Read into buffers kept for the next read.
+    pub fn read(&mut self) -> anyhow::Result<impl Iterator<Item = (V::Owner, &[V])>> {
         let fd = self.slot_of.map().fd().as_fd();
         // SAFETY: a plain hash of Pod owner keys and u64 values: one 8-byte value per key.
-        let owners = unsafe { super::batch::lookup_all_percpu::<V::Owner, u64>(fd, 1) }
+        unsafe { super::batch::read_first(fd, usize::MAX, &mut self.owners) }
             .context("reading a slot map's owners")?;
-        let Some(highest) = owners.iter().filter_map(|(_, slot)| slot.first()).max() else {
-            return Ok(Vec::new());
-        };
-        let fd = self.counters.map().fd().as_fd();
+        let highest = self
+            .owners
+            .iter()
+            .filter_map(|(_, slot)| slot.first())
+            .max();
         // Read up to the highest slot in use: the stack hands out low slots first and takes
         // given-back ones on top (see the loader's `free_every_slot`), so they stay low.
+        let wanted = highest.map_or(0, |highest| *highest as usize + 1);
+        let fd = self.counters.map().fd().as_fd();
         // SAFETY: a per-CPU array of V, u32 keys.
-        let slots =
-            unsafe { super::batch::lookup_first_percpu::<u32, V>(fd, cpus, *highest as usize + 1) }
-                .context("reading a slot array")?;
-        Ok(owners
-            .into_iter()
-            .filter_map(|(owner, slot)| {
-                let (_, per_cpu) = slots.get(*slot.first()? as usize)?;
-                Some((owner, owned_by(owner, per_cpu)))
-            })
+        unsafe { super::batch::read_first(fd, wanted, &mut self.slots) }
+            .context("reading a slot array")?;
+        // A CPU where the slot does not name its owner yet counts nothing for it.
+        for (owner, slot) in self.owners.iter() {
+            let per_cpu = slot
+                .first()
+                .and_then(|slot| self.slots.get_mut(*slot as usize));
+            for on_cpu in per_cpu.into_iter().flatten() {
+                if on_cpu.owner() != owner {
+                    *on_cpu = V::default();
+                }
+            }
+        }
+        let slots = &self.slots;
+        Ok(self.owners.iter().filter_map(move |(owner, slot)| {
+            let (_, per_cpu) = slots.get(*slot.first()? as usize)?;
+            Some((owner, per_cpu))
+        }))
+    }
+
+    /// Every owner with a slot and its counters per CPU, copied out.
+    pub fn read_all(&mut self) -> anyhow::Result<Vec<(V::Owner, Vec<V>)>> {
+        Ok(self
+            .read()?
+            .map(|(owner, per_cpu)| (owner, per_cpu.to_vec()))
             .collect())
     }
 
