@@ -44,6 +44,32 @@ pub struct MemoryNow {
 // SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.
 unsafe impl aya::Pod for MemoryNow {}
 
+/// Name of the hash map the process walk fills: cgroup id → [`RssNow`], for every cgroup2
+/// cgroup holding a process. Read where the memory walk cannot run (hybrid hosts, cgroups
+/// without the memory controller) instead of each worker's process list and each process's
+/// /proc/PID/statm.
+pub const PROCESS_RSS_NOW_MAP: &str = "PROCESS_RSS_NOW";
+
+/// Name of the one-entry array holding the id of the last process walk that ended.
+pub const LAST_RSS_WALK_MAP: &str = "LAST_RSS_WALK";
+
+/// The resident sets of a cgroup's processes, summed as the walk that wrote them found them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RssNow {
+    /// Resident pages of its processes (what /proc/PID/statm's second field adds up).
+    pub rss_pages: u64,
+    /// Processes the walk found in the cgroup.
+    pub processes: u64,
+    /// The walk (the iterator session's id): an entry no later walk rewrote is of a cgroup
+    /// without processes now, or gone.
+    pub walk: u64,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.
+unsafe impl aya::Pod for RssNow {}
+
 /// Where the programs find the memory peaks, from the kernel's BTF.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryOffsets {

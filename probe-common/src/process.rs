@@ -177,16 +177,19 @@ pub struct ProcessOffsets {
     pub signal_live: u32,
     /// `signal_struct.nr_threads`.
     pub signal_nr_threads: u32,
-    /// `mm_struct.rss_stat`: the resident-page counters (0: a layout the agent cannot read).
+    /// `mm_struct.rss_stat`'s first resident-page counter (0: a layout the agent cannot read).
     pub mm_rss_stat: u32,
-    /// Bytes from one counter of `rss_stat` to the next (`sizeof(struct percpu_counter)`).
+    /// Bytes from one counter of `rss_stat` to the next (`sizeof(struct percpu_counter)`, or
+    /// of `atomic_long_t` before Linux 6.2).
     pub rss_counter_stride: u32,
-    /// `percpu_counter.count`: the counter's value as /proc reads it.
+    /// `percpu_counter.count` (0 for an atomic): the counter's shared value.
     pub rss_counter_count: u32,
+    /// `percpu_counter.counters`: its per-CPU parts (0 for an atomic, which has none).
+    pub rss_counter_percpu: u32,
 }
 
 /// Globals holding [`ProcessOffsets`], in field order.
-pub const PROCESS_OFFSET_GLOBALS: [&str; 13] = [
+pub const PROCESS_OFFSET_GLOBALS: [&str; 14] = [
     "TASK_START_TIME_OFFSET",
     "TASK_EXIT_CODE_OFFSET",
     "TASK_NVCSW_OFFSET",
@@ -200,6 +203,7 @@ pub const PROCESS_OFFSET_GLOBALS: [&str; 13] = [
     "MM_RSS_STAT_OFFSET",
     "RSS_COUNTER_STRIDE",
     "RSS_COUNTER_COUNT_OFFSET",
+    "RSS_COUNTER_PERCPU_OFFSET",
 ];
 
 /// `rss_stat` counters that make up the resident set, as /proc's VmRSS adds them:
@@ -210,7 +214,7 @@ pub const RSS_COUNTERS: [u32; 3] = [0, 1, 3];
 
 impl ProcessOffsets {
     /// The offsets in the order of [`PROCESS_OFFSET_GLOBALS`].
-    pub fn values(&self) -> [u32; 13] {
+    pub fn values(&self) -> [u32; 14] {
         [
             self.task_start_time,
             self.task_exit_code,
@@ -225,6 +229,7 @@ impl ProcessOffsets {
             self.mm_rss_stat,
             self.rss_counter_stride,
             self.rss_counter_count,
+            self.rss_counter_percpu,
         ]
     }
 }

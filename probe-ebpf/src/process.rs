@@ -113,6 +113,8 @@ static MM_RSS_STAT_OFFSET: Global<u32> = Global::new(0);
 static RSS_COUNTER_STRIDE: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static RSS_COUNTER_COUNT_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static RSS_COUNTER_PERCPU_OFFSET: Global<u32> = Global::new(0);
 
 /// Whether process events are wanted.
 #[inline(always)]
@@ -220,22 +222,9 @@ pub fn proc_exit_rss(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     let process: task::Task = ctx.arg(0);
-    // SAFETY: BTF-checked loads through the task pointer and its mm (a fault yields 0).
-    let rss_pages = unsafe {
-        let mm: *const u8 = field(process, TASK_MM_OFFSET.load());
-        if mm.is_null() {
-            // A kernel thread.
-            return 0;
-        }
-        let (base, stride) = (MM_RSS_STAT_OFFSET.load(), RSS_COUNTER_STRIDE.load());
-        let count = RSS_COUNTER_COUNT_OFFSET.load();
-        let mut pages = 0u64;
-        for index in RSS_COUNTERS {
-            // The counter's shared value, as /proc reads it (its per-CPU parts unsummed).
-            let counter: i64 = field(mm, base + index * stride + count);
-            pages += counter.max(0) as u64;
-        }
-        pages
+    let Some(rss_pages) = rss_pages(process, crate::rstat::EXIT_SLOT) else {
+        // A kernel thread.
+        return 0;
     };
     let Some(mut entry) = PROCESS_EVENTS.reserve::<ProcessExiting>(0) else {
         count_drop(DROP_PROCESS_EVENTS);
@@ -248,6 +237,51 @@ pub fn proc_exit_rss(ctx: BtfTracePointContext) -> u32 {
     });
     entry.submit(0);
     0
+}
+
+/// The resident pages of the task's process, as /proc/PID/statm reads them: its mm's counters,
+/// each below 0 read as 0, with their per-CPU parts where the loader found them (since 6.16
+/// /proc sums them too; before, the shared value alone is off by up to a batch per CPU).
+/// `None` without an mm (a kernel thread, or a leader that exited before its other threads).
+/// `slot`: the caller's slot of `rstat::ADDRESS_SLOT`.
+#[inline(always)]
+pub(crate) fn rss_pages(task: task::Task, slot: u32) -> Option<u64> {
+    // SAFETY: BTF-checked loads through the task pointer and its mm (a fault yields 0).
+    let mm: *const u8 = unsafe { field(task, TASK_MM_OFFSET.load()) };
+    if mm.is_null() {
+        return None;
+    }
+    // Read through the address as a number: 6.1's verifier cannot follow a load into the
+    // array of `atomic_long_t` (a typedef of a struct) that holds the counters there.
+    let mm = crate::rstat::as_number(mm as u64, slot)?;
+    let (base, stride) = (MM_RSS_STAT_OFFSET.load(), RSS_COUNTER_STRIDE.load());
+    let count = RSS_COUNTER_COUNT_OFFSET.load();
+    let mut counters = [0i64; RSS_COUNTERS.len()];
+    for (value, index) in counters.iter_mut().zip(RSS_COUNTERS) {
+        *value = crate::rstat::read_u64(mm, base + index * stride + count) as i64;
+    }
+    let per_cpu = RSS_COUNTER_PERCPU_OFFSET.load();
+    if per_cpu != 0 {
+        let mut pointers = [0u64; RSS_COUNTERS.len()];
+        for (pointer, index) in pointers.iter_mut().zip(RSS_COUNTERS) {
+            *pointer = crate::rstat::read_u64(mm, base + index * stride + per_cpu);
+        }
+        crate::rstat::for_each_cpu_offset(slot, |_, cpu_offset| {
+            for (value, pointer) in counters.iter_mut().zip(pointers) {
+                if pointer != 0 {
+                    *value += i64::from(read_s32(pointer.wrapping_add(cpu_offset)));
+                }
+            }
+        });
+    }
+    Some(counters.iter().map(|value| (*value).max(0) as u64).sum())
+}
+
+/// The `i32` at `address` in kernel memory, 0 if it cannot be read.
+#[inline(always)]
+fn read_s32(address: u64) -> i32 {
+    // SAFETY: bpf_probe_read_kernel faults safely.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(address as *const i32) }.unwrap_or(0)
 }
 
 /// `TASK_DEAD` in `prev_state`: the outgoing thread has exited and leaves its CPU for good.

@@ -23,8 +23,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use probe_common::{
-    drops::{DROP_CPU_NOW, DROP_FINAL_CPU, DROP_MEMORY_NOW},
-    memory::MemoryNow,
+    drops::{DROP_CPU_NOW, DROP_FINAL_CPU, DROP_MEMORY_NOW, DROP_RSS_NOW},
+    memory::{MemoryNow, RssNow},
     rstat::{MAX_CPUS, RstatCpu, RstatKey, RstatNow},
 };
 
@@ -52,9 +52,19 @@ static POSSIBLE_CPUS: Global<u32> = Global::new(1);
 #[map]
 static PERCPU_BASE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// Where an address is stored to be read back as a number.
+/// Where an address is stored to be read back as a number: one slot for the cgroup programs
+/// (the iterators over cgroups and the removal program, which the kernel's cgroup mutex keeps
+/// apart), one for the process walk (one walk at a time), one for the exit tracepoint (run
+/// with preemption off): no program can come between another's store and load on a CPU.
 #[map]
-static ADDRESS_SLOT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static ADDRESS_SLOT: PerCpuArray<u64> = PerCpuArray::with_max_entries(3, 0);
+
+/// [`ADDRESS_SLOT`]'s slot of the cgroup programs.
+const CGROUP_SLOT: u32 = 0;
+/// [`ADDRESS_SLOT`]'s slot of the process walk.
+pub(crate) const WALK_SLOT: u32 = 1;
+/// [`ADDRESS_SLOT`]'s slot of the exit tracepoint.
+pub(crate) const EXIT_SLOT: u32 = 2;
 
 /// Every cgroup's times per CPU, as the last walk that visited it found them.
 #[map]
@@ -82,6 +92,7 @@ pub fn cpu_rstat(ctx: *mut c_void) -> i32 {
     let Some((walk, cgroup)) = walk_step(ctx, &LAST_WALK) else {
         return 0;
     };
+    let cgroup: task::Cgroup = cgroup.cast();
     for_each_cpu(cgroup, task::id_of_cgroup(cgroup), |key, cpu| {
         let now = RstatNow { cpu, walk };
         // In place when the entry is there (the walks run one at a time, in the agent's
@@ -116,6 +127,7 @@ pub fn memory_walk(ctx: *mut c_void) -> i32 {
     let Some((walk, cgroup)) = walk_step(ctx, &LAST_MEMORY_WALK) else {
         return 0;
     };
+    let cgroup: task::Cgroup = cgroup.cast();
     let Some((current_pages, peak_pages)) = task::memory_pages(cgroup) else {
         return 0;
     };
@@ -138,11 +150,12 @@ pub fn memory_walk(ctx: *mut c_void) -> i32 {
     0
 }
 
-/// One call of a cgroup walk (`struct bpf_iter__cgroup { struct bpf_iter_meta *meta; struct
-/// cgroup *cgroup; }`): the walk's id and the cgroup visited; `None` at the walk's end, after
-/// storing the id in `last_walk` (entries the walk did not rewrite are of cgroups now gone).
+/// One call of a cgroup or task walk (`struct bpf_iter__cgroup { struct bpf_iter_meta *meta;
+/// struct cgroup *cgroup; }`, `bpf_iter__task` likewise with a task): the walk's id and the
+/// object visited; `None` at the walk's end, after storing the id in `last_walk` (entries the
+/// walk did not rewrite are of cgroups now gone, or now without processes).
 #[inline(always)]
-fn walk_step(ctx: *mut c_void, last_walk: &Array<u64>) -> Option<(u64, task::Cgroup)> {
+fn walk_step(ctx: *mut c_void, last_walk: &Array<u64>) -> Option<(u64, *const u8)> {
     // SAFETY: the context's two pointers, loads the verifier checks against BTF; the walk's
     // id is `meta->session_id`, after its seq_file pointer.
     unsafe {
@@ -151,15 +164,68 @@ fn walk_step(ctx: *mut c_void, last_walk: &Array<u64>) -> Option<(u64, task::Cgr
             return None;
         }
         let walk = read_volatile(meta.add(1));
-        let cgroup = read_volatile((ctx as *const task::Cgroup).add(1));
-        if cgroup.is_null() {
+        let object = read_volatile((ctx as *const *const u8).add(1));
+        if object.is_null() {
             if let Some(done) = last_walk.get_ptr_mut(0) {
                 write_volatile(done, walk);
             }
             return None;
         }
-        Some((walk, cgroup))
+        Some((walk, object))
     }
+}
+
+/// Every cgroup2 cgroup's processes' resident pages, as the last process walk found them.
+#[map]
+static PROCESS_RSS_NOW: HashMap<u64, RssNow> = HashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
+
+/// The id of the last process walk that ended.
+#[map]
+static LAST_RSS_WALK: Array<u64> = Array::with_max_entries(1, 0);
+
+/// `iter/task`: adds each process's resident pages (at its leader; kernel threads have none)
+/// to its cgroup2 cgroup's entry in [`PROCESS_RSS_NOW`]. Where the memory walk cannot run,
+/// one walk a sample instead of each worker's process list and each process's statm file.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task")]
+pub fn rss_walk(ctx: *mut c_void) -> i32 {
+    let Some((walk, task)) = walk_step(ctx, &LAST_RSS_WALK) else {
+        return 0;
+    };
+    if task::tid(task) != task::tgid(task) || task::is_kthread(task) {
+        return 0;
+    }
+    let rss_pages = crate::process::rss_pages(task, WALK_SLOT).unwrap_or(0);
+    let cgroup_id = task::cgroup_id(task);
+    match PROCESS_RSS_NOW.get_ptr_mut(cgroup_id) {
+        // SAFETY: a value of this map; no other writer (walks run one at a time, in the
+        // agent's sampling thread).
+        Some(entry) => unsafe {
+            let mut now = read_volatile(entry);
+            if now.walk == walk {
+                now.rss_pages += rss_pages;
+                now.processes += 1;
+            } else {
+                now = RssNow {
+                    rss_pages,
+                    processes: 1,
+                    walk,
+                };
+            }
+            write_volatile(entry, now);
+        },
+        None => {
+            let now = RssNow {
+                rss_pages,
+                processes: 1,
+                walk,
+            };
+            if PROCESS_RSS_NOW.insert(cgroup_id, now, 0).is_err() {
+                count_drop(DROP_RSS_NOW);
+            }
+        }
+    }
+    0
 }
 
 /// At a cgroup's removal: keeps its times per CPU for user space's final read.
@@ -178,23 +244,12 @@ fn for_each_cpu(cgroup: task::Cgroup, cgroup_id: u64, mut each: impl FnMut(Rstat
     let Some(rstat) = per_cpu_pointer(cgroup) else {
         return;
     };
-    let Some(per_cpu_pointer_0) = base_per_cpu_pointer() else {
-        return;
-    };
     let cputime = u64::from(RSTAT_CPUTIME_OFFSET.load());
-    let possible = POSSIBLE_CPUS.load();
-    for cpu in 0..MAX_CPUS {
-        if cpu >= possible {
-            break;
-        }
-        let Some(copy) = base_copy_address(cpu) else {
-            continue;
-        };
-        let cpu_offset = copy.wrapping_sub(per_cpu_pointer_0);
+    for_each_cpu_offset(CGROUP_SLOT, |cpu, cpu_offset| {
         let times = rstat.wrapping_add(cpu_offset).wrapping_add(cputime);
         let runtime_ns = read_u64(times, CPUTIME_RUNTIME_OFFSET.load());
         if runtime_ns == 0 {
-            continue;
+            return;
         }
         each(
             RstatKey {
@@ -208,29 +263,48 @@ fn for_each_cpu(cgroup: task::Cgroup, cgroup_id: u64, mut each: impl FnMut(Rstat
                 system_tick_ns: read_u64(times, CPUTIME_STIME_OFFSET.load()),
             },
         );
+    });
+}
+
+/// Calls `each` with every possible CPU and its per-CPU offset (what the kernel adds to a
+/// per-CPU pointer for that CPU's copy), using `slot` of [`ADDRESS_SLOT`].
+#[inline(always)]
+pub(crate) fn for_each_cpu_offset(slot: u32, mut each: impl FnMut(u32, u64)) {
+    let Some(per_cpu_pointer_0) = base_per_cpu_pointer(slot) else {
+        return;
+    };
+    let possible = POSSIBLE_CPUS.load();
+    for cpu in 0..MAX_CPUS {
+        if cpu >= possible {
+            break;
+        }
+        let Some(copy) = base_copy_address(cpu, slot) else {
+            continue;
+        };
+        each(cpu, copy.wrapping_sub(per_cpu_pointer_0));
     }
 }
 
 /// The cgroup's per-CPU base stats pointer, as a number.
 #[inline(always)]
 fn per_cpu_pointer(cgroup: task::Cgroup) -> Option<u64> {
-    let cgroup = as_number(cgroup as u64)?;
+    let cgroup = as_number(cgroup as u64, CGROUP_SLOT)?;
     let rstat = read_u64(cgroup, CGROUP_RSTAT_CPU_OFFSET.load());
     (rstat != 0).then_some(rstat)
 }
 
 /// `PERCPU_BASE`'s per-CPU pointer (`pptrs[0]` of its `struct bpf_array`).
 #[inline(always)]
-fn base_per_cpu_pointer() -> Option<u64> {
+fn base_per_cpu_pointer(slot: u32) -> Option<u64> {
     let map = &PERCPU_BASE as *const PerCpuArray<u64> as u64;
-    let map = as_number(map)?;
+    let map = as_number(map, slot)?;
     let pointer = read_u64(map, BPF_ARRAY_PPTRS_OFFSET.load());
     (pointer != 0).then_some(pointer)
 }
 
 /// The address of `PERCPU_BASE`'s element on `cpu`.
 #[inline(always)]
-fn base_copy_address(cpu: u32) -> Option<u64> {
+fn base_copy_address(cpu: u32, slot: u32) -> Option<u64> {
     let key = 0u32;
     // SAFETY: a per-CPU array and a key of its key size; `cpu` below the possible CPUs.
     let copy = unsafe {
@@ -243,15 +317,15 @@ fn base_copy_address(cpu: u32) -> Option<u64> {
     if copy.is_null() {
         return None;
     }
-    as_number(copy as u64)
+    as_number(copy as u64, slot)
 }
 
-/// A kernel address as a plain number (stored in a map slot and read back). Only the iterator
-/// and the removal program use the slot, and both run under the kernel's cgroup mutex, so
-/// neither can come between the other's store and load on a CPU.
+/// A kernel address as a plain number (stored in `slot` of [`ADDRESS_SLOT`] and read back).
+/// Each slot's programs cannot come between one another's store and load on a CPU (see
+/// [`ADDRESS_SLOT`]).
 #[inline(always)]
-fn as_number(address: u64) -> Option<u64> {
-    let slot = ADDRESS_SLOT.get_ptr_mut(0)?;
+pub(crate) fn as_number(address: u64, slot: u32) -> Option<u64> {
+    let slot = ADDRESS_SLOT.get_ptr_mut(slot)?;
     // SAFETY: this CPU's slot; volatile so the round trip is kept.
     unsafe {
         write_volatile(slot, address);
@@ -261,7 +335,7 @@ fn as_number(address: u64) -> Option<u64> {
 
 /// The `u64` at `base + offset` in kernel memory, 0 if it cannot be read.
 #[inline(always)]
-fn read_u64(base: u64, offset: u32) -> u64 {
+pub(crate) fn read_u64(base: u64, offset: u32) -> u64 {
     // SAFETY: bpf_probe_read_kernel faults safely.
     unsafe { bpf_probe_read_kernel(base.wrapping_add(u64::from(offset)) as *const u64) }
         .unwrap_or(0)

@@ -448,6 +448,7 @@ impl ProbeArgs {
             net_attach: self.net_attach.map(Into::into),
             cpu_by_sched_switch: self.cpu_attach == Some(CpuAttachChoice::SchedSwitch),
             memory_by_files: self.memory_read == Some(MemoryReadChoice::Files),
+            process_rss_walk: false,
             endpoints_per_worker: self.max_endpoints_per_worker,
             max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
             processes: false,

@@ -723,3 +723,102 @@ fn a_parents_exit_summary_at_its_depth_sums_its_children_and_they_have_none() {
         );
     }
 }
+
+/// Resident pages of process `pid` as /proc/PID/statm says (its second field).
+fn statm_resident_pages(pid: u32) -> u64 {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).expect("statm");
+    statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|pages| pages.parse().ok())
+        .expect("statm's resident field")
+}
+
+/// Pages by which /proc/PID/statm may miss a process's resident set: none since Linux 6.16,
+/// which sums each counter's per-CPU parts as the walk does; before, each of the three
+/// counters' shared value may lag its parts by up to a batch (`max(32, 2 × CPUs)`) per CPU.
+fn statm_lag_pages() -> u64 {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut numbers = release
+        .split(['.', '-'])
+        .map(|n| n.parse::<u64>().unwrap_or(0));
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    if (major, minor) >= (6, 16) {
+        return 0;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    3 * (2 * cpus).max(32) * cpus
+}
+
+/// The process walk (how the agent reads workers' memory where cgroup2 has no memory
+/// controller: hybrid hosts) sums the worker's processes' resident sets as /proc/PID/statm
+/// gives each (exactly where /proc sums the counters' per-CPU parts too), on every kernel's
+/// layout of the counters; a process that ends takes its pages along, and a cgroup without
+/// processes has no entry.
+#[test]
+fn the_process_walk_sums_each_process_resident_set_as_statm_says() {
+    require_root();
+    let worker = TestCgroup::new("rss-walk");
+    let empty = TestCgroup::new("rss-walk-empty");
+    let mut holders: Vec<Child> = [16u64, 32, 48]
+        .iter()
+        .map(|mib| {
+            let mut holder = worker.spawn_workload(&["hold", &mib.to_string(), "120000"]);
+            read_first_json_line(&mut holder);
+            holder
+        })
+        .collect();
+    let mut collector = workerprobe_tests::collector_with(workerprobe::loader::LoadOptions {
+        process_rss_walk: true,
+        ..Default::default()
+    });
+    // SAFETY: sysconf only reads a constant of the system.
+    let page_bytes = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).expect("page");
+    let statm_sum = |holders: &[Child]| -> u64 {
+        holders
+            .iter()
+            .map(|holder| statm_resident_pages(holder.id()))
+            .sum::<u64>()
+            * page_bytes
+    };
+    let lag_bytes = statm_lag_pages() * page_bytes;
+    use workerprobe::collect::Source as _;
+    for round in 0..2 {
+        // The holders touch nothing after their first line: /proc's figure is the same
+        // before and after the walk, and the walk's must equal it.
+        let before = statm_sum(&holders);
+        collector.sample().expect("sample");
+        let after = statm_sum(&holders);
+        let walked = collector.take_walked_memory();
+        let processes = walked.processes.expect("the process walk ran");
+        let ours = processes
+            .get(&worker.id)
+            .unwrap_or_else(|| panic!("round {round}: the worker is not in the walk"));
+        eprintln!(
+            "round {round}: {} processes: walk {} bytes, statm {before}..{after} (it may lag by {lag_bytes})",
+            holders.len(),
+            ours.current_bytes
+        );
+        let statm_range =
+            before.min(after).saturating_sub(lag_bytes)..=before.max(after) + lag_bytes;
+        assert!(
+            statm_range.contains(&ours.current_bytes),
+            "round {round}: the walk says {} bytes, /proc/PID/statm {before} then {after} (it may lag by {lag_bytes})",
+            ours.current_bytes
+        );
+        assert!(ours.current_bytes >= (16 + 32 + 48 - 16 * round) << 20);
+        assert_eq!(ours.source, workerprobe::model::MemorySource::Rss);
+        assert!(
+            !processes.contains_key(&empty.id),
+            "an empty cgroup in the walk"
+        );
+        // One holder ends: its pages leave the sum.
+        let mut gone = holders.remove(0);
+        let _ = gone.kill();
+        let _ = gone.wait();
+    }
+    for mut holder in holders {
+        let _ = holder.kill();
+        let _ = holder.wait();
+    }
+}

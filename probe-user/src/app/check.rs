@@ -81,12 +81,18 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
             controllers: cgroup::read_controllers(&mount.join("cgroup.controllers")),
             subtree_control: cgroup::read_controllers(&mount.join("cgroup.subtree_control")),
         },
-        memory: match probe.plan().memory_walk() {
-            Some(_) => "iter/cgroup over every cgroup's memory counters, one walk a sample",
-            None if cgroup::cgroup2_has_controller("memory") => {
-                "each worker's memory.current and memory.peak"
+        memory: match (probe.plan().memory_walk(), probe.plan().rss_walk()) {
+            (Some(_), _) => "iter/cgroup over every cgroup's memory counters, one walk a sample",
+            (None, rss_walk) if cgroup::cgroup2_has_controller("memory") => match rss_walk {
+                Some(_) => {
+                    "each worker's memory.current and memory.peak, else its processes' RSS by iter/task over every process, one walk a sample"
+                }
+                None => "each worker's memory.current and memory.peak, else its processes' RSS",
+            },
+            (None, Some(_)) => {
+                "each worker's v1 memory cgroup where it holds only the worker, else its processes' RSS by iter/task over every process, one walk a sample"
             }
-            None => {
+            (None, None) => {
                 "each worker's v1 memory cgroup where it holds only the worker, else its processes' RSS"
             }
         },

@@ -163,7 +163,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
                         fold(&mut interval, &args.tree, collector.collector());
                         interval.retain_selected(&selection);
                         let walked = collector.collector().take_walked_memory();
-                        memory.read_active(&mut interval, walked.as_ref(), |path| collector.collector().cgroups().dir_of(path));
+                        memory.read_active(&mut interval, &walked, |path| collector.collector().cgroups().dir_of(path));
                         previous = current;
                         // Sampling goes on while paused, so the first interval after resuming is
                         // one tick long.
@@ -211,7 +211,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
         fold(&mut interval, &args.tree, collector.collector());
         interval.retain_selected(&selection);
         let walked = collector.collector().take_walked_memory();
-        memory.read_active(&mut interval, walked.as_ref(), |path| {
+        memory.read_active(&mut interval, &walked, |path| {
             collector.collector().cgroups().dir_of(path)
         });
         let mut text = table::render(&interval, args.limit);
@@ -318,11 +318,9 @@ pub async fn snapshot(args: &SnapshotArgs) -> anyhow::Result<()> {
     fold(&mut interval, &args.tree, &mut collector);
     interval.retain_selected(&selection);
     let walked = collector.take_walked_memory();
-    crate::collect::memory::MemoryReader::new().read_active(
-        &mut interval,
-        walked.as_ref(),
-        |path| collector.cgroups().dir_of(path),
-    );
+    crate::collect::memory::MemoryReader::new().read_active(&mut interval, &walked, |path| {
+        collector.cgroups().dir_of(path)
+    });
     let text = if args.json {
         let node = NodeFacts::read().named(args.probe.node_name.as_deref());
         let document = SnapshotDocument::new(&interval, node, &args.probe.endpoint_namer());

@@ -366,7 +366,7 @@ impl Watcher {
         for (cgroup_id, path) in live {
             let reading = self
                 .memory
-                .read_worker(cgroup_id, &path, walked.as_ref(), &mut |path| {
+                .read_worker(cgroup_id, &path, &walked, &mut |path| {
                     self.collector.cgroups().dir_of(path)
                 });
             if let Some(reading) = reading {

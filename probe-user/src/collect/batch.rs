@@ -47,6 +47,11 @@ impl<K: Copy, V: Copy> PerCpuEntries<K, V> {
         }
     }
 
+    /// How many entries the last read found.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
     /// Each entry: its key and its values, one per CPU.
     pub fn iter(&self) -> impl Iterator<Item = (K, &[V])> {
         self.keys

@@ -1,7 +1,7 @@
 //! Memory of a worker, from the best source the host has: cgroup v2 `memory.current` /
 //! `memory.peak` (before 5.19, `memory.current` sampled); on hybrid hosts the v1 memory
 //! cgroup of the worker's processes, when it holds only them; failing both, the summed RSS
-//! of its processes (/proc/PID/statm).
+//! of its processes (the process walk's sum where it runs, else /proc/PID/statm).
 //!
 //! Read every interval for every active worker, so each source costs as little as it can:
 //! no lookups of files a host cannot have, memberships and shared lists reused for a while,
@@ -40,6 +40,21 @@ pub struct MemoryReader {
     v1_shared: HashMap<PathBuf, Instant>,
     /// The files read every interval, kept open.
     files: KeptFiles,
+    /// Workers (by cgroup id) whose memory was found to be their processes' resident sets,
+    /// and when: for [`V1_SHARED_FRESH`] the process walk's sum is taken without their process
+    /// list being read to look for a v1 memory cgroup of their own.
+    rss_chosen: HashMap<u64, Instant>,
+    /// When stale entries of `rss_chosen` were last dropped.
+    rss_chosen_pruned_at: Instant,
+}
+
+/// What a sample's walks found, by cgroup id (see the collector's `take_walked_memory`).
+#[derive(Debug, Default)]
+pub struct WalkedMemory {
+    /// The memory walk's counters of every cgroup with a memory controller of its own.
+    pub cgroups: Option<HashMap<u64, MemoryReading>>,
+    /// The process walk's resident sets, summed for every cgroup that holds a process.
+    pub processes: Option<HashMap<u64, MemoryReading>>,
 }
 
 /// How long a v1 memory cgroup's process list is reused: a cgroup a worker owns is dropped
@@ -72,6 +87,8 @@ impl MemoryReader {
             v1_procs: HashMap::new(),
             v1_shared: HashMap::new(),
             files: KeptFiles::new(),
+            rss_chosen: HashMap::new(),
+            rss_chosen_pruned_at: Instant::now(),
         }
     }
 
@@ -83,6 +100,16 @@ impl MemoryReader {
     /// Memory of the worker whose cgroup2 directory is `dir`; `None` when it has no
     /// processes and no cgroup2 memory files.
     pub fn read(&mut self, dir: &Path) -> Option<MemoryReading> {
+        self.read_files(dir, None)
+    }
+
+    /// As [`MemoryReader::read`], with the process walk's resident sets (`rss`: the readings
+    /// of every cgroup holding a process, and the worker's cgroup id) where it ran.
+    fn read_files(
+        &mut self,
+        dir: &Path,
+        rss: Option<(&HashMap<u64, MemoryReading>, u64)>,
+    ) -> Option<MemoryReading> {
         if self.v2_memory
             && let Some(current_bytes) = self.read_u64(&dir.join("memory.current"))
         {
@@ -100,6 +127,18 @@ impl MemoryReader {
                 },
             });
         }
+        let now = Instant::now();
+        // Found to be its processes' a moment ago: the walk's sum. One it lacks (no process,
+        // or no room in its map) is read from the files below.
+        if let Some((walked, cgroup_id)) = rss
+            && self
+                .rss_chosen
+                .get(&cgroup_id)
+                .is_some_and(|at| now.duration_since(*at) < V1_SHARED_FRESH)
+            && let Some(reading) = walked.get(&cgroup_id)
+        {
+            return Some(*reading);
+        }
         let pids = self
             .files
             .read(&dir.join("cgroup.procs"))
@@ -111,6 +150,12 @@ impl MemoryReader {
         if let Some(reading) = self.read_v1(&pids) {
             return Some(reading);
         }
+        if let Some((walked, cgroup_id)) = rss {
+            self.choose_rss(cgroup_id, now);
+            if let Some(reading) = walked.get(&cgroup_id) {
+                return Some(*reading);
+            }
+        }
         let rss = self.rss_bytes(&pids);
         Some(MemoryReading {
             current_bytes: rss,
@@ -120,13 +165,13 @@ impl MemoryReader {
     }
 
     /// Reads the memory of the workers active in `interval` (the ones a table shows) into
-    /// them: from `walked` (the collector's memory walk, by cgroup id) where it has the
-    /// worker, else from its files; `dir_of` maps a worker's path to its cgroup2 directory.
-    /// Idle workers are not read, so a node of many idle cgroups costs nothing here.
+    /// them: from `walked` (the collector's walks) where it has the worker, else from its
+    /// files; `dir_of` maps a worker's path to its cgroup2 directory. Idle workers are not
+    /// read, so a node of many idle cgroups costs nothing here.
     pub fn read_active(
         &mut self,
         interval: &mut Interval,
-        walked: Option<&HashMap<u64, MemoryReading>>,
+        walked: &WalkedMemory,
         mut dir_of: impl FnMut(&str) -> PathBuf,
     ) {
         for worker in interval.workers.iter_mut().filter(|w| w.is_active()) {
@@ -137,23 +182,40 @@ impl MemoryReader {
         self.files.end_pass();
     }
 
-    /// Memory of the worker `cgroup_id` at `path`: the walk's reading where `walked` has it,
-    /// else from its files (`dir_of` maps the path to its cgroup2 directory). The root is
-    /// always read from its processes, as without the walk: it has no memory files.
+    /// Memory of the worker `cgroup_id` at `path`: the memory walk's reading where `walked`
+    /// has it, else from its files, with the process walk's resident sets where it ran
+    /// (`dir_of` maps the path to its cgroup2 directory). The root is always read from its
+    /// processes: it has no memory files.
     pub fn read_worker(
         &mut self,
         cgroup_id: u64,
         path: &str,
-        walked: Option<&HashMap<u64, MemoryReading>>,
+        walked: &WalkedMemory,
         dir_of: &mut impl FnMut(&str) -> PathBuf,
     ) -> Option<MemoryReading> {
         let from_walk = walked
+            .cgroups
+            .as_ref()
             .filter(|_| path != "/")
             .and_then(|walked| walked.get(&cgroup_id));
         match from_walk {
             Some(reading) => Some(*reading),
-            None => self.read(&dir_of(path)),
+            None => {
+                let rss = walked.processes.as_ref().map(|walked| (walked, cgroup_id));
+                self.read_files(&dir_of(path), rss)
+            }
         }
+    }
+
+    /// Notes that the worker's memory is its processes' resident sets (dropping, at most once
+    /// per [`V1_SHARED_FRESH`], the notes of workers not read since).
+    fn choose_rss(&mut self, cgroup_id: u64, now: Instant) {
+        if now.duration_since(self.rss_chosen_pruned_at) >= V1_SHARED_FRESH {
+            self.rss_chosen
+                .retain(|_, at| now.duration_since(*at) < V1_SHARED_FRESH);
+            self.rss_chosen_pruned_at = now;
+        }
+        self.rss_chosen.insert(cgroup_id, now);
     }
 
     /// The v1 memory cgroup of the worker's processes, if it holds nothing else.

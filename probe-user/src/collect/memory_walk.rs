@@ -1,78 +1,111 @@
-//! Memory of every cgroup from the memory controller's own counters (what `memory.current`
-//! and `memory.peak` show), read by one cgroup iterator walk a sample: at 1,000 workers, two
-//! files per worker were a third of the agent's CPU.
+//! Memory read by one iterator walk a sample instead of files per worker:
+//!
+//! - the memory walk: every cgroup's memory controller counters (what `memory.current` and
+//!   `memory.peak` show), where cgroup2 has the controller: at 1,000 workers, two files per
+//!   worker were a third of the agent's CPU;
+//! - the process walk: every process's resident pages summed by cgroup, where it does not
+//!   (hybrid hosts): each worker's process list and each process's statm file were half.
 
 use std::{collections::HashMap, os::fd::AsFd as _};
 
 use anyhow::Context as _;
 use aya::maps::{IterableMap as _, MapData};
-use probe_common::memory::MemoryNow;
+use probe_common::memory::{MemoryNow, RssNow};
 
 use super::batch::PerCpuEntries;
 
 use crate::{
-    loader::cgroup_iter::CgroupIter,
+    loader::iter_walk::IterWalk,
     model::{MemoryReading, MemorySource},
 };
 
-/// Reads every cgroup's memory counters with the memory walk.
-pub struct MemoryWalk {
-    iter: CgroupIter,
+/// What a walk writes per cgroup, stamped with the walk that wrote it.
+pub trait WalkEntry: aya::Pod + Copy {
+    /// The walk (the iterator session's id) that wrote the entry.
+    fn walk(&self) -> u64;
+    /// The memory it tells, with pages of `page_bytes`.
+    fn reading(&self, page_bytes: u64) -> MemoryReading;
+}
+
+impl WalkEntry for MemoryNow {
+    fn walk(&self) -> u64 {
+        self.walk
+    }
+    fn reading(&self, page_bytes: u64) -> MemoryReading {
+        MemoryReading {
+            current_bytes: self.current_pages * page_bytes,
+            peak_bytes: self.peak_pages * page_bytes,
+            source: MemorySource::Cgroup2,
+        }
+    }
+}
+
+impl WalkEntry for RssNow {
+    fn walk(&self) -> u64 {
+        self.walk
+    }
+    fn reading(&self, page_bytes: u64) -> MemoryReading {
+        let rss_bytes = self.rss_pages * page_bytes;
+        MemoryReading {
+            current_bytes: rss_bytes,
+            peak_bytes: rss_bytes,
+            source: MemorySource::Rss,
+        }
+    }
+}
+
+/// Reads what an iterator's program writes per cgroup at each walk.
+pub struct MemoryWalk<V: WalkEntry> {
+    iter: IterWalk,
     /// What each walk found, per cgroup.
-    memory_now: aya::maps::HashMap<MapData, u64, MemoryNow>,
+    now: aya::maps::HashMap<MapData, u64, V>,
     /// The id of the last walk that ended.
     last_walk: aya::maps::Array<MapData, u64>,
     page_bytes: u64,
-    /// The last read of `memory_now`, its buffers kept for the next.
-    entries: PerCpuEntries<u64, MemoryNow>,
+    /// The last read of `now`, its buffers kept for the next.
+    entries: PerCpuEntries<u64, V>,
 }
 
-impl MemoryWalk {
-    /// Takes the iterator and its maps (`MEMORY_NOW`, `LAST_MEMORY_WALK`).
+impl<V: WalkEntry> MemoryWalk<V> {
+    /// Takes the iterator and its maps (`MEMORY_NOW` and `LAST_MEMORY_WALK`, or
+    /// `PROCESS_RSS_NOW` and `LAST_RSS_WALK`).
     pub fn new(
-        iter: CgroupIter,
-        memory_now: aya::maps::Map,
+        iter: IterWalk,
+        now: aya::maps::Map,
         last_walk: aya::maps::Map,
     ) -> anyhow::Result<Self> {
         Ok(Self {
             iter,
-            memory_now: aya::maps::HashMap::try_from(memory_now).context("map MEMORY_NOW")?,
-            last_walk: aya::maps::Array::try_from(last_walk).context("map LAST_MEMORY_WALK")?,
+            now: aya::maps::HashMap::try_from(now).context("a memory walk's map")?,
+            last_walk: aya::maps::Array::try_from(last_walk)
+                .context("a memory walk's last-walk map")?,
             page_bytes: super::memory::page_bytes(),
             entries: PerCpuEntries::new(1),
         })
     }
 
-    /// One walk: the memory of every cgroup with a memory controller of its own, by cgroup
-    /// id. Entries no walk rewrote since an earlier one are of cgroups that are gone: freed.
+    /// One walk: the memory of every cgroup it wrote an entry for, by cgroup id. Entries no
+    /// walk rewrote since an earlier one are of cgroups that are gone (or, for the process
+    /// walk, hold no process now): freed.
     pub fn read(&mut self) -> anyhow::Result<HashMap<u64, MemoryReading>> {
-        self.iter
-            .walk()
-            .context("walking the cgroups for their memory")?;
+        self.iter.walk().context("walking for memory")?;
         let walk = self
             .last_walk
             .get(&0, 0)
-            .context("reading map LAST_MEMORY_WALK")?;
-        let fd = self.memory_now.map().fd().as_fd();
+            .context("reading a memory walk's id")?;
+        let fd = self.now.map().fd().as_fd();
         // SAFETY: the map's key and value are these types, valid for any bit pattern (a plain
         // hash map's values are laid out as one per-CPU value).
         unsafe { super::batch::read_first(fd, usize::MAX, &mut self.entries) }
-            .context("reading map MEMORY_NOW")?;
-        let mut memory = HashMap::new();
+            .context("reading a memory walk's map")?;
+        let mut memory = HashMap::with_capacity(self.entries.len());
         for (cgroup_id, now) in self.entries.iter() {
             let Some(now) = now.first() else { continue };
-            if now.walk != walk {
-                let _ = self.memory_now.remove(&cgroup_id);
+            if now.walk() != walk {
+                let _ = self.now.remove(&cgroup_id);
                 continue;
             }
-            memory.insert(
-                cgroup_id,
-                MemoryReading {
-                    current_bytes: now.current_pages * self.page_bytes,
-                    peak_bytes: now.peak_pages * self.page_bytes,
-                    source: MemorySource::Cgroup2,
-                },
-            );
+            memory.insert(cgroup_id, now.reading(self.page_bytes));
         }
         Ok(memory)
     }

@@ -16,6 +16,7 @@ mod slots;
 
 use events::{RingEvent, RingReader, decode_cgroup_event, decode_process_event};
 use heap::HeapReturn;
+use memory::WalkedMemory;
 use memory_walk::MemoryWalk;
 use probe_common::{
     cpu::{
@@ -139,9 +140,11 @@ pub struct KernelCollector {
     /// programs then count no CPU time).
     rstat: Option<RstatReader>,
     /// Every cgroup's memory by one walk a sample, when the plan chose it.
-    memory_walk: Option<MemoryWalk>,
-    /// What the last sample's memory walk found, by cgroup id, until taken.
-    walked_memory: Option<std::collections::HashMap<u64, crate::model::MemoryReading>>,
+    memory_walk: Option<MemoryWalk<probe_common::memory::MemoryNow>>,
+    /// Every cgroup's processes' resident sets by one walk a sample, when the plan chose it.
+    rss_walk: Option<MemoryWalk<probe_common::memory::RssNow>>,
+    /// What the last sample's walks found, until taken.
+    walked_memory: WalkedMemory,
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
     reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
     cgroups: CgroupIndex,
@@ -160,6 +163,7 @@ impl KernelCollector {
     pub fn new(mut probe: Probe, cgroups: CgroupIndex) -> anyhow::Result<Self> {
         let cpu_iter = probe.take_cpu_iter();
         let memory_iter = probe.take_memory_iter();
+        let rss_iter = probe.take_rss_iter();
         let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow::anyhow!("{what}: {err}"))?;
         let mut take = |name: &str| {
             probe
@@ -234,11 +238,20 @@ impl KernelCollector {
             )?),
             None => None,
         };
+        let rss_walk = match rss_iter {
+            Some(iter) => Some(MemoryWalk::new(
+                iter,
+                take(probe_common::memory::PROCESS_RSS_NOW_MAP)?,
+                take(probe_common::memory::LAST_RSS_WALK_MAP)?,
+            )?),
+            None => None,
+        };
         let measured = probe.measured();
         Ok(Self {
             rstat,
             memory_walk,
-            walked_memory: None,
+            rss_walk,
+            walked_memory: WalkedMemory::default(),
             measured,
             events,
             process_ring,
@@ -285,11 +298,17 @@ impl Source for KernelCollector {
     fn sample(&mut self) -> anyhow::Result<Sample> {
         // By now the caller has dropped the last sample and written what it made of it.
         self.heap.maybe_trim();
+        // The files tell the same numbers: a walk that fails is left for them from now on.
         if let Some(walk) = self.memory_walk.as_mut() {
-            self.walked_memory = walk.read().ok();
-            if self.walked_memory.is_none() {
-                // The files tell the same numbers: read them from now on.
+            self.walked_memory.cgroups = walk.read().ok();
+            if self.walked_memory.cgroups.is_none() {
                 self.memory_walk = None;
+            }
+        }
+        if let Some(walk) = self.rss_walk.as_mut() {
+            self.walked_memory.processes = walk.read().ok();
+            if self.walked_memory.processes.is_none() {
+                self.rss_walk = None;
             }
         }
         let taken_at = Some(Timestamp::now());
@@ -717,12 +736,10 @@ impl KernelCollector {
         }
     }
 
-    /// The memory of every cgroup with a memory controller, as the last sample's walk found
-    /// it; `None` without a walk (memory is then read from each worker's files).
-    pub fn take_walked_memory(
-        &mut self,
-    ) -> Option<std::collections::HashMap<u64, crate::model::MemoryReading>> {
-        self.walked_memory.take()
+    /// What the last sample's walks found (nothing without walks: memory is then read from
+    /// each worker's files).
+    pub fn take_walked_memory(&mut self) -> WalkedMemory {
+        std::mem::take(&mut self.walked_memory)
     }
 
     /// Where the cgroup2 hierarchy is, and which path each id names.

@@ -14,14 +14,14 @@ use probe_common::{
 };
 
 use super::batch::PerCpuEntries;
-use crate::loader::cgroup_iter::CgroupIter;
+use crate::loader::iter_walk::IterWalk;
 
 /// CPU time per CPU of each cgroup.
 type TimesByCgroup = BTreeMap<u64, Vec<RstatCpu>>;
 
 /// Reads each cgroup's CPU time per CPU, counted from the agent's start.
 pub struct RstatReader {
-    iter: CgroupIter,
+    iter: IterWalk,
     /// What each walk found, per cgroup and CPU.
     cpu_now: aya::maps::HashMap<MapData, RstatKey, RstatNow>,
     /// The id of the last walk that ended.
@@ -48,7 +48,7 @@ pub struct RstatMaps {
 
 impl RstatReader {
     /// Takes the iterator and its maps; walks once for the baseline.
-    pub fn new(iter: CgroupIter, maps: RstatMaps, cpus: usize) -> anyhow::Result<Self> {
+    pub fn new(iter: IterWalk, maps: RstatMaps, cpus: usize) -> anyhow::Result<Self> {
         let mut reader = Self {
             iter,
             cpu_now: aya::maps::HashMap::try_from(maps.cpu_now).context("map CPU_NOW")?,

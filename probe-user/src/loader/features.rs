@@ -40,6 +40,9 @@ pub enum Need {
     /// A cgroup iterator (6.1+) and the memory controller's counters (`memory.usage`,
     /// `memory.watermark` of `struct mem_cgroup`) at fields its BTF locates.
     CgroupMemory,
+    /// A task iterator (5.8+) and a process's resident-page counters (`mm_struct.rss_stat`) at
+    /// fields its BTF locates.
+    ProcessRss,
 }
 
 impl Need {
@@ -77,6 +80,9 @@ impl Need {
             Need::CgroupMemory => {
                 "a cgroup iterator that can read the memory controller's counters (Linux 6.1+, cgroup2 with the memory controller)".into()
             }
+            Need::ProcessRss => {
+                "a task iterator that can read processes' resident-page counters (Linux 5.8+)".into()
+            }
         }
     }
 }
@@ -98,6 +104,8 @@ pub struct KernelFeatures {
     pub cgroup_rstat: bool,
     /// The cgroup iterator can read the memory controller's counters.
     pub cgroup_memory: bool,
+    /// The task iterator can read processes' resident-page counters.
+    pub process_rss: bool,
 }
 
 impl KernelFeatures {
@@ -117,6 +125,7 @@ impl KernelFeatures {
             Need::SchedInfo => self.sched_info,
             Need::CgroupRstat => self.cgroup_rstat,
             Need::CgroupMemory => self.cgroup_memory,
+            Need::ProcessRss => self.process_rss,
         }
     }
 
@@ -148,6 +157,7 @@ impl KernelFeatures {
                 Need::SchedInfo => {}
                 Need::CgroupRstat => features.cgroup_rstat = cgroup_rstat_readable(btf),
                 Need::CgroupMemory => features.cgroup_memory = cgroup_memory_readable(btf),
+                Need::ProcessRss => features.process_rss = process_rss_readable(btf),
             }
         }
         features
@@ -173,6 +183,12 @@ fn cgroup_memory_readable(btf: &Btf) -> bool {
         && super::kernel_btf::memory_offsets(btf).is_ok_and(|memory| {
             memory.cgroup_memory_css != 0 && memory.memcg_watermark != 0 && memory.memcg_usage != 0
         })
+}
+
+/// Whether the kernel has the task iterator and resident-page counters at fields we can locate.
+fn process_rss_readable(btf: &Btf) -> bool {
+    btf.named("bpf_iter__task", Kind::Struct).is_some()
+        && super::kernel_btf::process_offsets(btf).is_ok_and(|process| process.mm_rss_stat != 0)
 }
 
 /// Arguments of tracepoint `name` as `tp_btf` programs see them: the parameters of

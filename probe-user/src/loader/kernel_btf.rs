@@ -111,21 +111,37 @@ pub fn process_offsets(btf: &Btf) -> anyhow::Result<ProcessOffsets> {
 }
 
 /// Where a process's resident-page counters are: `mm_struct.rss_stat` as an array of
-/// `struct percpu_counter` (Linux 6.2+, and so every kernel that tells a process's end
-/// before releasing its memory). The other offsets are left 0.
+/// `struct percpu_counter` (Linux 6.2+), or before that a `struct mm_rss_stat` holding an array
+/// of `atomic_long_t` (what /proc reads on both). The other offsets are left 0.
 fn rss_counter_offsets(btf: &Btf) -> anyhow::Result<ProcessOffsets> {
     let mm = btf
         .named("mm_struct", Kind::Struct)
         .ok_or_else(|| anyhow!("mm_struct is not a struct in the kernel's BTF"))?;
-    let Some((counters, len)) = find_member(&mm, "rss_stat").and_then(|(_, ty)| ty.array()) else {
-        bail!("mm_struct.rss_stat is not an array of counters");
+    let (rss_stat_bits, rss_stat) =
+        find_member(&mm, "rss_stat").ok_or_else(|| anyhow!("mm_struct has no rss_stat"))?;
+    let (start_bits, counters, len, count, per_cpu) = match rss_stat.array() {
+        Some((counters, len)) => (
+            rss_stat_bits,
+            counters.resolved(),
+            len,
+            member_offset(btf, "percpu_counter", &["count"])?,
+            member_offset(btf, "percpu_counter", &["counters"])?,
+        ),
+        None => {
+            // `struct mm_rss_stat { atomic_long_t count[NR_MM_COUNTERS]; }`; an atomic's one
+            // member, `counter`, is at its start.
+            let (array_bits, array) = find_member(&rss_stat, "count")
+                .ok_or_else(|| anyhow!("mm_struct.rss_stat has no count"))?;
+            let (counters, len) = array
+                .array()
+                .ok_or_else(|| anyhow!("mm_struct.rss_stat.count is not an array"))?;
+            (rss_stat_bits + array_bits, counters.resolved(), len, 0, 0)
+        }
     };
-    let counter = counters.resolved();
-    if counter.kind != Kind::Struct {
-        bail!("mm_struct.rss_stat holds no structs");
+    if counters.kind != Kind::Struct || !start_bits.is_multiple_of(8) {
+        bail!("mm_struct.rss_stat holds no counters");
     }
-    let count = member_offset(btf, "percpu_counter", &["count"])?;
-    let stride = counter.size();
+    let stride = counters.size();
     let highest = probe_common::process::RSS_COUNTERS
         .iter()
         .max()
@@ -135,9 +151,10 @@ fn rss_counter_offsets(btf: &Btf) -> anyhow::Result<ProcessOffsets> {
         bail!("mm_struct.rss_stat has an unexpected shape");
     }
     Ok(ProcessOffsets {
-        mm_rss_stat: member_offset(btf, "mm_struct", &["rss_stat"])?,
+        mm_rss_stat: start_bits / 8,
         rss_counter_stride: stride,
         rss_counter_count: count,
+        rss_counter_percpu: per_cpu,
         ..ProcessOffsets::default()
     })
 }

@@ -6,8 +6,8 @@
 //! measure is reported once, in one sentence, and marked in [`Measured`].
 
 mod btf_reader;
-pub mod cgroup_iter;
 pub mod features;
+pub mod iter_walk;
 pub mod kernel_btf;
 pub mod pin;
 pub mod plan;
@@ -147,8 +147,12 @@ pub struct LoadOptions {
     /// accounting can be read (pin sets, benchmarks, tests of that variant).
     pub cpu_by_sched_switch: bool,
     /// Read memory from each worker's files even where a cgroup iterator could read every
-    /// cgroup's counters in one walk (pin sets, `exec`'s one worker, benchmarks).
+    /// cgroup's counters in one walk, and processes' resident sets from their statm files
+    /// (pin sets, `exec`'s one worker, benchmarks).
     pub memory_by_files: bool,
+    /// Walk every process's resident set even where cgroup2's memory files leave it unused
+    /// (tests of the process walk on pure cgroup2).
+    pub process_rss_walk: bool,
     /// Endpoints kept per worker (the rest share its `other` entry).
     pub endpoints_per_worker: u32,
     /// Capacity of the endpoints map, every worker together.
@@ -173,6 +177,7 @@ impl Default for LoadOptions {
             net_attach: None,
             cpu_by_sched_switch: false,
             memory_by_files: false,
+            process_rss_walk: false,
             endpoints_per_worker: probe_common::net::DEFAULT_ENDPOINTS_PER_WORKER,
             max_endpoints: probe_common::net::DEFAULT_MAX_ENDPOINTS,
             processes: false,
@@ -194,9 +199,11 @@ pub struct Probe {
     /// What runs and what is missing on this kernel.
     plan: Plan,
     /// The iterator that reads CPU time, when the plan chose it.
-    cpu_iter: Option<cgroup_iter::CgroupIter>,
+    cpu_iter: Option<iter_walk::IterWalk>,
     /// The iterator that reads memory, when the plan chose it.
-    memory_iter: Option<cgroup_iter::CgroupIter>,
+    memory_iter: Option<iter_walk::IterWalk>,
+    /// The iterator that reads processes' resident sets, when the plan chose it.
+    rss_iter: Option<iter_walk::IterWalk>,
     /// The pin set's lock, held while the collector lives (one agent per pin set).
     _lock: Option<std::fs::File>,
 }
@@ -216,13 +223,18 @@ impl Probe {
     }
 
     /// Takes the iterator that reads CPU time, when CPU time comes from it.
-    pub fn take_cpu_iter(&mut self) -> Option<cgroup_iter::CgroupIter> {
+    pub fn take_cpu_iter(&mut self) -> Option<iter_walk::IterWalk> {
         self.cpu_iter.take()
     }
 
     /// Takes the iterator that reads memory, when memory comes from it.
-    pub fn take_memory_iter(&mut self) -> Option<cgroup_iter::CgroupIter> {
+    pub fn take_memory_iter(&mut self) -> Option<iter_walk::IterWalk> {
         self.memory_iter.take()
+    }
+
+    /// Takes the iterator that reads processes' resident sets, when they come from it.
+    pub fn take_rss_iter(&mut self) -> Option<iter_walk::IterWalk> {
+        self.rss_iter.take()
     }
 
     /// The plan that was attached.
@@ -270,6 +282,7 @@ fn attach_unpinned(options: &LoadOptions) -> anyhow::Result<Probe> {
     let mut loaded = load(options)?;
     let links = attach_plan(&mut loaded)?;
     let memory_iter = attach_memory_walk(&mut loaded);
+    let rss_iter = attach_rss_walk(&mut loaded);
     let cpu_iter = links.into_iter().find_map(|(_, link)| match link {
         LinkId::Iter(iter) => Some(iter),
         _ => None,
@@ -281,6 +294,7 @@ fn attach_unpinned(options: &LoadOptions) -> anyhow::Result<Probe> {
         plan: loaded.plan,
         cpu_iter,
         memory_iter,
+        rss_iter,
         _lock: None,
     })
 }
@@ -341,6 +355,7 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     });
     let KernelFacts {
         rstat,
+        bpf_array_pptrs,
         family_offset,
         socket_sk_offset,
         task,
@@ -364,9 +379,15 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     if options.cpu_by_sched_switch {
         features.cgroup_rstat = false;
     }
-    // Where v1 holds the memory controller, no cgroup2 cgroup has its counters.
-    if options.memory_by_files || !crate::cgroup::cgroup2_has_controller("memory") {
+    // Where v1 holds the memory controller, no cgroup2 cgroup has its counters, and workers'
+    // memory is their processes' resident sets: the process walk's to read. Elsewhere it is
+    // wanted only by tests of it.
+    let cgroup2_memory = crate::cgroup::cgroup2_has_controller("memory");
+    if options.memory_by_files || !cgroup2_memory {
         features.cgroup_memory = false;
+    }
+    if options.memory_by_files || (cgroup2_memory && !options.process_rss_walk) {
+        features.process_rss = false;
     }
     let mut groups = options.groups.clone();
     if options.processes && !groups.contains(&ProgramGroup::Processes) {
@@ -377,8 +398,7 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         // A kernel that tells a process's end in time but keeps its counters otherwise.
         plan.refuse_extra(
             "proc_exit_rss",
-            "resident-page counters the agent can read (mm_struct.rss_stat as percpu counters)"
-                .into(),
+            "resident-page counters the agent can read (mm_struct.rss_stat)".into(),
         );
     }
     if !plan.runs_anything() {
@@ -403,7 +423,16 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         0
     };
     let processes_on = u32::from(options.processes);
-    let process_offsets = process.values();
+    let process_offsets = probe_common::process::ProcessOffsets {
+        // The per-CPU parts are found through each CPU's per-CPU offset: not without it.
+        rss_counter_percpu: if bpf_array_pptrs == 0 {
+            0
+        } else {
+            process.rss_counter_percpu
+        },
+        ..process
+    }
+    .values();
     let for_processes = |size: u32, smallest: u32| {
         if options.processes { size } else { smallest }
     };
@@ -423,7 +452,8 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         (r::CPUTIME_UTIME_OFFSET_GLOBAL, rstat.utime),
         (r::CPUTIME_STIME_OFFSET_GLOBAL, rstat.stime),
         (r::CPUTIME_RUNTIME_OFFSET_GLOBAL, rstat.sum_exec_runtime),
-        (r::BPF_ARRAY_PPTRS_OFFSET_GLOBAL, rstat.bpf_array_pptrs),
+        // The process programs use it too (resident pages' per-CPU parts).
+        (r::BPF_ARRAY_PPTRS_OFFSET_GLOBAL, bpf_array_pptrs),
         (r::POSSIBLE_CPUS_GLOBAL, possible_cpus_u32),
     ];
     for (name, value) in &rstat_globals {
@@ -532,6 +562,12 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
                 1
             },
         )
+        // One entry per cgroup holding a process, allocated as the process walk (which runs
+        // only where the memory walk does not) needs them; one missing is read from files.
+        .map_max_entries(
+            probe_common::memory::PROCESS_RSS_NOW_MAP,
+            options.max_workers.max(probe_common::DEFAULT_MAX_WORKERS),
+        )
         .map_max_entries(probe_common::memory::PROCESS_PEAKS_MAP, options.max_workers)
         // The process workers' maps: at their smallest unless asked for (the ring costs
         // kernel memory whole).
@@ -598,6 +634,8 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
 struct KernelFacts {
     /// Where the kernel keeps per-cgroup CPU time (none: the iterator cannot read it).
     rstat: Option<kernel_btf::RstatOffsets>,
+    /// `bpf_array.pptrs`, whence the programs learn each CPU's per-CPU offset (0: unknown).
+    bpf_array_pptrs: u32,
     family_offset: u32,
     socket_sk_offset: u32,
     task: probe_common::task::TaskOffsets,
@@ -617,6 +655,7 @@ fn kernel_facts(bytes: &[u8]) -> anyhow::Result<KernelFacts> {
     let features = KernelFeatures::probe(&btf, &plan::all_needs(), task.sched_info.is_some());
     Ok(KernelFacts {
         rstat: kernel_btf::rstat_offsets(&btf).ok(),
+        bpf_array_pptrs: kernel_btf::member_offset(&btf, "bpf_array", &["pptrs"]).unwrap_or(0),
         family_offset: kernel_btf::sock_family_offset(&btf)
             .context("locating struct sock's family field")?,
         // Only the fexit variant reads it; a kernel without it plans no such variant.
@@ -640,7 +679,7 @@ pub(crate) enum LinkId {
     /// Of an fexit program.
     FExit(FExitLinkId),
     /// Of an iterator: the agent walks it.
-    Iter(cgroup_iter::CgroupIter),
+    Iter(iter_walk::IterWalk),
 }
 
 /// Attaches every program of the plan. When the kernel refuses one, the programs of its
@@ -709,13 +748,27 @@ fn attach_plan(loaded: &mut Loaded) -> anyhow::Result<Vec<(PlannedProgram, LinkI
 
 /// Attaches the memory walk when the plan has it. A kernel that refuses it leaves memory to
 /// the files, as where it has no cgroup iterator: the plan says so, nothing else changes.
-fn attach_memory_walk(loaded: &mut Loaded) -> Option<cgroup_iter::CgroupIter> {
+fn attach_memory_walk(loaded: &mut Loaded) -> Option<iter_walk::IterWalk> {
     let planned = loaded.plan.memory_walk()?;
     match attach(&mut loaded.ebpf, &loaded.btf, &planned) {
         Ok(LinkId::Iter(iter)) => Some(iter),
         Ok(_) | Err(Refused(_)) => {
             unload(&mut loaded.ebpf, &planned);
             loaded.plan.memory_walk = false;
+            None
+        }
+    }
+}
+
+/// Attaches the process walk when the plan has it. A kernel that refuses it leaves resident
+/// sets to each process's statm file.
+fn attach_rss_walk(loaded: &mut Loaded) -> Option<iter_walk::IterWalk> {
+    let planned = loaded.plan.rss_walk()?;
+    match attach(&mut loaded.ebpf, &loaded.btf, &planned) {
+        Ok(LinkId::Iter(iter)) => Some(iter),
+        Ok(_) | Err(Refused(_)) => {
+            unload(&mut loaded.ebpf, &planned);
+            loaded.plan.rss_walk = false;
             None
         }
     }
@@ -817,7 +870,7 @@ fn attach(ebpf: &mut Ebpf, btf: &Btf, planned: &PlannedProgram) -> Result<LinkId
                     .map_err(|err| refused_because("load", err))?;
             }
             let fd = program.fd().map_err(|err| refused_because("load", err))?;
-            let iter = cgroup_iter::CgroupIter::attach(fd.as_fd()).map_err(|err| {
+            let iter = iter_walk::IterWalk::attach(fd.as_fd(), target).map_err(|err| {
                 if debug {
                     eprintln!("workerprobe: debug: {} attach: {err}", planned.program);
                 }

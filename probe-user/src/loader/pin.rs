@@ -461,6 +461,7 @@ fn create(options: &LoadOptions, dir: &Path, lock: File) -> anyhow::Result<Probe
     Ok(Probe {
         cpu_iter: None,
         memory_iter: None,
+        rss_iter: None,
         ebpf: Some(loaded.ebpf),
         maps: HashMap::new(),
         plan: loaded.plan,
@@ -514,6 +515,7 @@ fn open_pinned(
     Ok(Probe {
         cpu_iter: None,
         memory_iter: None,
+        rss_iter: None,
         ebpf: None,
         maps,
         plan: recorded_plan(meta),

@@ -151,6 +151,14 @@ pub const MEMORY_WALK: PlannedProgram = PlannedProgram {
     attach: Attach::Iter("cgroup"),
 };
 
+/// Every process's resident pages summed by cgroup, read by a task iterator at each sample:
+/// where the memory walk cannot run, one walk instead of each worker's process list and each
+/// process's statm file. Like the memory walk, not a group of its own.
+pub const RSS_WALK: PlannedProgram = PlannedProgram {
+    program: "rss_walk",
+    attach: Attach::Iter("task"),
+};
+
 const CPU: &[Variant] = &[
     CPU_RSTAT,
     Variant {
@@ -446,6 +454,7 @@ pub fn all_needs() -> Vec<Need> {
     })
     .collect();
     needs.push(Need::CgroupMemory);
+    needs.push(Need::ProcessRss);
     needs.sort_unstable();
     needs.dedup();
     needs
@@ -471,6 +480,9 @@ pub struct Plan {
     pub extras: Vec<(ProgramGroup, &'static Extra, ExtraPlan)>,
     /// Whether memory is read by [`MEMORY_WALK`] (else from each worker's files).
     pub memory_walk: bool,
+    /// Whether processes' resident sets are read by [`RSS_WALK`] (else from each process's
+    /// statm file). The loader asks for it only where workers have no memory files.
+    pub rss_walk: bool,
     /// What the plan was made from, to fall back when the kernel refuses a variant.
     features: KernelFeatures,
 }
@@ -515,6 +527,7 @@ impl Plan {
             groups,
             extras: Vec::new(),
             memory_walk: features.has(&Need::CgroupMemory),
+            rss_walk: features.has(&Need::ProcessRss),
             features: features.clone(),
         };
         plan.choose_extras();
@@ -539,6 +552,7 @@ impl Plan {
             groups,
             extras,
             memory_walk: false,
+            rss_walk: false,
             features: KernelFeatures::default(),
         }
     }
@@ -611,6 +625,11 @@ impl Plan {
     /// The memory walk's program, when memory is read by it.
     pub fn memory_walk(&self) -> Option<PlannedProgram> {
         self.memory_walk.then_some(MEMORY_WALK)
+    }
+
+    /// The process walk's program, when processes' resident sets are read by it.
+    pub fn rss_walk(&self) -> Option<PlannedProgram> {
+        self.rss_walk.then_some(RSS_WALK)
     }
 
     /// Whether CPU time is read from the kernel's per-cgroup accounting by the iterator.
@@ -823,6 +842,7 @@ mod tests {
             sched_info: true,
             cgroup_rstat: true,
             cgroup_memory: true,
+            process_rss: true,
             ..KernelFeatures::default()
         };
         for (name, args) in [
@@ -901,6 +921,21 @@ mod tests {
         );
         // A pin set's recorded plan has no iterator.
         assert_eq!(Plan::recorded(Vec::new(), &[]).memory_walk(), None);
+    }
+
+    #[test]
+    fn resident_sets_are_read_by_the_process_walk_where_the_kernel_has_it() {
+        let mut plan = Plan::new(&ProgramGroup::DEFAULT, &linux_6_1());
+        assert_eq!(plan.rss_walk(), Some(RSS_WALK));
+        // Not a group either.
+        assert!(!plan.programs().contains(&RSS_WALK));
+        let without = KernelFeatures {
+            process_rss: false,
+            ..linux_6_1()
+        };
+        plan = Plan::new(&ProgramGroup::DEFAULT, &without);
+        assert_eq!(plan.rss_walk(), None);
+        assert_eq!(Plan::recorded(Vec::new(), &[]).rss_walk(), None);
     }
 
     /// 6.1's features less the protocols' `sendpage`, which 6.5 removed.

@@ -623,17 +623,17 @@ fn targets(r: &Results) -> Vec<Target> {
             measured: format!("{:.3}%", c.cpu_percent),
             met: Some(c.cpu_percent <= 0.5),
             why: format!(
-                "{:.2} ms of CPU per interval for {} workers active in each: about a third \
-                 reading two files per active worker for its memory (memory.current and \
-                 memory.peak on cgroup2; on this hybrid host, where v1 holds the memory \
-                 controller, the worker's cgroup.procs and each process's statm), kept open and \
-                 re-read from their start; a fifth reading the per-CPU counters of the slots in \
-                 use in batches; the rest turning counters into intervals. This is the agent \
-                 with every group; with CPU time alone, a cgroup iterator reads every cgroup's \
-                 per-CPU times in one walk instead. Where cgroup2 has the memory controller, a \
-                 second walk reads every cgroup's memory counters and no file is opened; on this \
-                 hybrid host, where v1 holds the memory controller, it cannot run (§7 measures \
-                 it against the files in the VMs, on pure cgroup2).",
+                "{:.2} ms of CPU per interval for {} workers active in each. By perf on this \
+                 hybrid host, where v1 holds the memory controller: about a fifth the process \
+                 walk (a task iterator visits every task on the host and sums each process's \
+                 resident pages by cgroup, read in one call), a sixth each worker's memory from \
+                 it (and every 10 s the worker's process list, to look for a v1 memory cgroup \
+                 of its own), an eighth reading the per-CPU counters of the slots in use in \
+                 batches; the rest turning counters into intervals. This is the agent with every \
+                 group; with CPU time alone, a cgroup iterator reads every cgroup's per-CPU \
+                 times in one walk instead. Where cgroup2 has the memory controller, a cgroup \
+                 walk reads every cgroup's memory counters instead (§7 measures it against the \
+                 files in the VMs, on pure cgroup2).",
                 c.cpu_percent * 10.0,
                 c.workers
             ),

@@ -1,6 +1,6 @@
-//! The cgroup iterator's link and walks: aya 0.14 attaches an iterator without the link info
-//! a cgroup iterator needs (its walk order), so the link is made here with `BPF_LINK_CREATE`,
-//! and each walk is a `BPF_ITER_CREATE` descriptor read to its end.
+//! The iterators' links and walks (cgroup and task iterators): aya 0.14 attaches an iterator
+//! without the link info a cgroup iterator needs (its walk order), so the link is made here
+//! with `BPF_LINK_CREATE`, and each walk is a `BPF_ITER_CREATE` descriptor read to its end.
 
 use std::{
     io::Read as _,
@@ -23,15 +23,16 @@ struct CgroupIterInfo {
     cgroup_id: u64,
 }
 
-/// An attached cgroup iterator: each [`CgroupIter::walk`] runs its program over every cgroup.
+/// An attached iterator: each [`IterWalk::walk`] runs its program over every cgroup or task.
 #[derive(Debug)]
-pub struct CgroupIter {
+pub struct IterWalk {
     link: OwnedFd,
 }
 
-impl CgroupIter {
-    /// Attaches the loaded `iter/cgroup` program `program` to walk every cgroup, parents first.
-    pub fn attach(program: BorrowedFd<'_>) -> std::io::Result<Self> {
+impl IterWalk {
+    /// Attaches the loaded iterator program `program` of `target` (`"cgroup"`: every cgroup,
+    /// parents first; `"task"`: every task).
+    pub fn attach(program: BorrowedFd<'_>, target: &str) -> std::io::Result<Self> {
         let info = CgroupIterInfo {
             order: BPF_CGROUP_ITER_DESCENDANTS_PRE as u32,
             cgroup_fd: 0,
@@ -41,25 +42,28 @@ impl CgroupIter {
         let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
         attr.link_create.__bindgen_anon_1.prog_fd = program.as_raw_fd() as u32;
         attr.link_create.attach_type = BPF_TRACE_ITER as u32;
-        attr.link_create.__bindgen_anon_3.__bindgen_anon_1.iter_info =
-            &info as *const CgroupIterInfo as u64;
-        attr.link_create
-            .__bindgen_anon_3
-            .__bindgen_anon_1
-            .iter_info_len = std::mem::size_of::<CgroupIterInfo>() as u32;
+        // A task iterator without link info walks every task; the same bytes would name one.
+        if target == "cgroup" {
+            attr.link_create.__bindgen_anon_3.__bindgen_anon_1.iter_info =
+                &info as *const CgroupIterInfo as u64;
+            attr.link_create
+                .__bindgen_anon_3
+                .__bindgen_anon_1
+                .iter_info_len = std::mem::size_of::<CgroupIterInfo>() as u32;
+        }
         Ok(Self {
             link: bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)?,
         })
     }
 
-    /// Runs the program over every cgroup (it writes what it finds to its maps, nothing to
-    /// the walk's output).
+    /// Runs the program over every cgroup or task (it writes what it finds to its maps,
+    /// nothing to the walk's output).
     pub fn walk(&self) -> std::io::Result<()> {
         // SAFETY: as above.
         let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
         attr.iter_create.link_fd = self.link.as_raw_fd() as u32;
         let mut walk = std::fs::File::from(bpf(bpf_cmd::BPF_ITER_CREATE, &mut attr)?);
-        // The walk runs as the descriptor is read; a cgroup iterator walks in one read.
+        // The walk runs as the descriptor is read, to its end.
         walk.read_to_end(&mut Vec::new())?;
         Ok(())
     }
