@@ -732,9 +732,11 @@ fn attach_plan(loaded: &mut Loaded) -> anyhow::Result<Vec<(PlannedProgram, LinkI
         }
         break;
     }
-    // Loaded ahead for a variant given up since: not attached, so not kept either.
+    // Loaded ahead for a variant given up since: not attached, so not kept either (the walks
+    // are attached next).
+    let walks = [loaded.plan.memory_walk(), loaded.plan.rss_walk()];
     for program in preloaded {
-        if !attached.iter().any(|(p, _)| *p == program) {
+        if !attached.iter().any(|(p, _)| *p == program) && !walks.contains(&Some(program)) {
             unload(&mut loaded.ebpf, &program);
         }
     }
@@ -776,9 +778,12 @@ fn attach_rss_walk(loaded: &mut Loaded) -> Option<iter_walk::IterWalk> {
 
 /// Loads the planned programs on every CPU at once, before any is attached: the verifier is
 /// half of the agent's start and checks each program on its own. A program the kernel
-/// refuses stays unloaded here; attaching it tries again, and says why.
+/// refuses stays unloaded here; attaching it tries again, and says why. The walks' programs
+/// load with them (they are attached after the plan's).
 fn preload(loaded: &mut Loaded) -> Vec<PlannedProgram> {
-    let planned = loaded.plan.programs();
+    let mut planned = loaded.plan.programs();
+    planned.extend(loaded.plan.memory_walk());
+    planned.extend(loaded.plan.rss_walk());
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut shares: Vec<Vec<(PlannedProgram, &mut aya::programs::Program)>> =
         (0..threads).map(|_| Vec::new()).collect();
