@@ -281,8 +281,12 @@ pub fn load_and_attach(options: &LoadOptions) -> anyhow::Result<Probe> {
 fn attach_unpinned(options: &LoadOptions) -> anyhow::Result<Probe> {
     let mut loaded = load(options)?;
     let links = attach_plan(&mut loaded)?;
-    let memory_iter = attach_memory_walk(&mut loaded);
-    let rss_iter = attach_rss_walk(&mut loaded);
+    let memory_walk = loaded.plan.memory_walk();
+    let memory_iter = attach_walk(&mut loaded, memory_walk);
+    loaded.plan.memory_walk &= memory_iter.is_some();
+    let rss_walk = loaded.plan.rss_walk();
+    let rss_iter = attach_walk(&mut loaded, rss_walk);
+    loaded.plan.rss_walk &= rss_iter.is_some();
     let cpu_iter = links.into_iter().find_map(|(_, link)| match link {
         LinkId::Iter(iter) => Some(iter),
         _ => None,
@@ -748,29 +752,18 @@ fn attach_plan(loaded: &mut Loaded) -> anyhow::Result<Vec<(PlannedProgram, LinkI
     Ok(attached)
 }
 
-/// Attaches the memory walk when the plan has it. A kernel that refuses it leaves memory to
-/// the files, as where it has no cgroup iterator: the plan says so, nothing else changes.
-fn attach_memory_walk(loaded: &mut Loaded) -> Option<iter_walk::IterWalk> {
-    let planned = loaded.plan.memory_walk()?;
+/// Attaches a walk's program, `planned` when the plan has it; `None` when it has not, or the
+/// kernel refused it (the caller then takes it out of the plan: memory is read from files, as
+/// where the kernel has no iterator; nothing else changes).
+fn attach_walk(
+    loaded: &mut Loaded,
+    planned: Option<PlannedProgram>,
+) -> Option<iter_walk::IterWalk> {
+    let planned = planned?;
     match attach(&mut loaded.ebpf, &loaded.btf, &planned) {
         Ok(LinkId::Iter(iter)) => Some(iter),
         Ok(_) | Err(Refused(_)) => {
             unload(&mut loaded.ebpf, &planned);
-            loaded.plan.memory_walk = false;
-            None
-        }
-    }
-}
-
-/// Attaches the process walk when the plan has it. A kernel that refuses it leaves resident
-/// sets to each process's statm file.
-fn attach_rss_walk(loaded: &mut Loaded) -> Option<iter_walk::IterWalk> {
-    let planned = loaded.plan.rss_walk()?;
-    match attach(&mut loaded.ebpf, &loaded.btf, &planned) {
-        Ok(LinkId::Iter(iter)) => Some(iter),
-        Ok(_) | Err(Refused(_)) => {
-            unload(&mut loaded.ebpf, &planned);
-            loaded.plan.rss_walk = false;
             None
         }
     }
