@@ -73,6 +73,15 @@ impl<K: Copy, V: Copy> PerCpuEntries<K, V> {
         Some((key, self.values.get(start..start + self.cpus)?))
     }
 
+    /// Gives back buffer room four times what the last read needed: a burst of workers (a
+    /// thousand ending at once) would otherwise stay in the agent's memory for good.
+    fn shrink_after_burst(&mut self) {
+        if self.values.capacity() > 4 * self.values.len().max(256) {
+            self.keys.shrink_to(2 * self.keys.len());
+            self.values.shrink_to(2 * self.values.len());
+        }
+    }
+
     /// Every entry copied out, a vector of values each: for readers that keep them.
     pub fn to_vec(&self) -> Vec<(K, Vec<V>)> {
         self.iter()
@@ -113,9 +122,24 @@ pub unsafe fn read_first<K: Copy, V: Copy>(
     const {
         assert!(size_of::<V>().is_multiple_of(8) && align_of::<V>() <= 8);
     }
-    let cpus = into.cpus;
     into.keys.clear();
     into.values.clear();
+    // SAFETY: as the caller promised.
+    let read = unsafe { read_into(fd, max_keys, into) };
+    into.shrink_after_burst();
+    read
+}
+
+/// [`read_first`] into emptied buffers.
+///
+/// # Safety
+/// As [`read_first`].
+unsafe fn read_into<K: Copy, V: Copy>(
+    fd: BorrowedFd<'_>,
+    max_keys: usize,
+    into: &mut PerCpuEntries<K, V>,
+) -> io::Result<()> {
+    let cpus = into.cpus;
     if max_keys == 0 {
         return Ok(());
     }
