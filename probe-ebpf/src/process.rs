@@ -222,7 +222,9 @@ pub fn proc_exit_rss(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     let process: task::Task = ctx.arg(0);
-    let Some(rss_pages) = rss_pages(process, crate::rstat::EXIT_SLOT) else {
+    // The shared values alone, as the kernel's high-water mark (`maxrss`, the peak it is
+    // shown beside) counts them: with the per-CPU parts the end could read above the peak.
+    let Some(rss_pages) = rss_pages(process, crate::rstat::EXIT_SLOT, false) else {
         // A kernel thread.
         return 0;
     };
@@ -240,12 +242,12 @@ pub fn proc_exit_rss(ctx: BtfTracePointContext) -> u32 {
 }
 
 /// The resident pages of the task's process, as /proc/PID/statm reads them: its mm's counters,
-/// each below 0 read as 0, with their per-CPU parts where the loader found them (since 6.16
-/// /proc sums them too; before, the shared value alone is off by up to a batch per CPU).
-/// `None` without an mm (a kernel thread, or a leader that exited before its other threads).
-/// `slot`: the caller's slot of `rstat::ADDRESS_SLOT`.
+/// each below 0 read as 0, with (`per_cpu_parts`) their per-CPU parts where the loader found
+/// them (since 6.16 /proc sums them too; before, the shared value alone is off by up to a
+/// batch per CPU). `None` without an mm (a kernel thread, or a leader that exited before its
+/// other threads). `slot`: the caller's slot of `rstat::ADDRESS_SLOT`.
 #[inline(always)]
-pub(crate) fn rss_pages(task: task::Task, slot: u32) -> Option<u64> {
+pub(crate) fn rss_pages(task: task::Task, slot: u32, per_cpu_parts: bool) -> Option<u64> {
     // SAFETY: BTF-checked loads through the task pointer and its mm (a fault yields 0).
     let mm: *const u8 = unsafe { field(task, TASK_MM_OFFSET.load()) };
     if mm.is_null() {
@@ -261,7 +263,7 @@ pub(crate) fn rss_pages(task: task::Task, slot: u32) -> Option<u64> {
         *value = crate::rstat::read_u64(mm, base + index * stride + count) as i64;
     }
     let per_cpu = RSS_COUNTER_PERCPU_OFFSET.load();
-    if per_cpu != 0 {
+    if per_cpu_parts && per_cpu != 0 {
         let mut pointers = [0u64; RSS_COUNTERS.len()];
         for (pointer, index) in pointers.iter_mut().zip(RSS_COUNTERS) {
             *pointer = crate::rstat::read_u64(mm, base + index * stride + per_cpu);

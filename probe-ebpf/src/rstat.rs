@@ -195,7 +195,7 @@ pub fn rss_walk(ctx: *mut c_void) -> i32 {
     if task::tid(task) != task::tgid(task) || task::is_kthread(task) {
         return 0;
     }
-    let rss_pages = crate::process::rss_pages(task, WALK_SLOT).unwrap_or(0);
+    let rss_pages = crate::process::rss_pages(task, WALK_SLOT, true).unwrap_or(0);
     let cgroup_id = task::cgroup_id(task);
     match PROCESS_RSS_NOW.get_ptr_mut(cgroup_id) {
         // SAFETY: a value of this map; no other writer (walks run one at a time, in the
