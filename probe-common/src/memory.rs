@@ -59,8 +59,6 @@ pub const LAST_RSS_WALK_MAP: &str = "LAST_RSS_WALK";
 pub struct RssNow {
     /// Resident pages of its processes (what /proc/PID/statm's second field adds up).
     pub rss_pages: u64,
-    /// Processes the walk found in the cgroup.
-    pub processes: u64,
     /// The walk (the iterator session's id): an entry no later walk rewrote is of a cgroup
     /// without processes now, or gone.
     pub walk: u64,

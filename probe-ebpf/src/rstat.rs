@@ -195,31 +195,22 @@ pub fn rss_walk(ctx: *mut c_void) -> i32 {
     if task::tid(task) != task::tgid(task) || task::is_kthread(task) {
         return 0;
     }
-    let rss_pages = crate::process::rss_pages(task, WALK_SLOT, true).unwrap_or(0);
+    let mut now = RssNow {
+        rss_pages: crate::process::rss_pages(task, WALK_SLOT, true).unwrap_or(0),
+        walk,
+    };
     let cgroup_id = task::cgroup_id(task);
     match PROCESS_RSS_NOW.get_ptr_mut(cgroup_id) {
         // SAFETY: a value of this map; no other writer (walks run one at a time, in the
-        // agent's sampling thread).
+        // agent's sampling thread). This walk's earlier processes in the cgroup are added to.
         Some(entry) => unsafe {
-            let mut now = read_volatile(entry);
-            if now.walk == walk {
-                now.rss_pages += rss_pages;
-                now.processes += 1;
-            } else {
-                now = RssNow {
-                    rss_pages,
-                    processes: 1,
-                    walk,
-                };
+            let earlier = read_volatile(entry);
+            if earlier.walk == walk {
+                now.rss_pages += earlier.rss_pages;
             }
             write_volatile(entry, now);
         },
         None => {
-            let now = RssNow {
-                rss_pages,
-                processes: 1,
-                walk,
-            };
             if PROCESS_RSS_NOW.insert(cgroup_id, now, 0).is_err() {
                 count_drop(DROP_RSS_NOW);
             }
