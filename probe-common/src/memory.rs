@@ -62,6 +62,11 @@ pub struct RssNow {
     /// The walk (the iterator session's id): an entry no later walk rewrote is of a cgroup
     /// without processes now, or gone.
     pub walk: u64,
+    /// One of its processes (the first the walk met): user space looks up the v1 memory
+    /// cgroup through it without listing the cgroup's processes.
+    pub pid: u32,
+    /// Padding, zero.
+    pub reserved: u32,
 }
 
 #[cfg(feature = "user")]

@@ -198,6 +198,8 @@ pub fn rss_walk(ctx: *mut c_void) -> i32 {
     let mut now = RssNow {
         rss_pages: crate::process::rss_pages(task, WALK_SLOT, true).unwrap_or(0),
         walk,
+        pid: task::tgid(task),
+        reserved: 0,
     };
     let cgroup_id = task::cgroup_id(task);
     match PROCESS_RSS_NOW.get_ptr_mut(cgroup_id) {
@@ -207,6 +209,7 @@ pub fn rss_walk(ctx: *mut c_void) -> i32 {
             let earlier = read_volatile(entry);
             if earlier.walk == walk {
                 now.rss_pages += earlier.rss_pages;
+                now.pid = earlier.pid;
             }
             write_volatile(entry, now);
         },

@@ -791,9 +791,17 @@ fn the_process_walk_sums_each_process_resident_set_as_statm_says() {
         let after = statm_sum(&holders);
         let walked = collector.take_walked_memory();
         let processes = walked.processes.expect("the process walk ran");
-        let ours = processes
+        let walked_worker = processes
             .get(&worker.id)
             .unwrap_or_else(|| panic!("round {round}: the worker is not in the walk"));
+        // The process it names (to find its v1 memory cgroup by) is one of the worker's.
+        let pids: Vec<u32> = holders.iter().map(Child::id).collect();
+        assert!(
+            pids.contains(&walked_worker.pid),
+            "round {round}: the walk names process {}, the worker's are {pids:?}",
+            walked_worker.pid
+        );
+        let ours = walked_worker.reading;
         eprintln!(
             "round {round}: {} processes: walk {} bytes, statm {before}..{after} (it may lag by {lag_bytes})",
             holders.len(),
@@ -820,5 +828,121 @@ fn the_process_walk_sums_each_process_resident_set_as_statm_says() {
     for mut holder in holders {
         let _ = holder.kill();
         let _ = holder.wait();
+    }
+}
+
+/// Each worker's memory from the best source its host has, as the kernel's files give it:
+/// where cgroup2 has the memory controller, its `memory.current`; on hybrid hosts, the v1
+/// memory cgroup its processes have to themselves, else (a v1 cgroup shared with other
+/// processes, here the test's own) the process walk's sum. The second of two workers sharing
+/// one v1 cgroup is told so without its process list being read.
+#[test]
+fn each_worker_memory_comes_from_its_own_v1_cgroup_or_else_the_process_walk() {
+    require_root();
+    let own = TestCgroup::new("v1-own");
+    let sharing: Vec<TestCgroup> = (0..2)
+        .map(|n| TestCgroup::new(&format!("v1-sharing-{n}")))
+        .collect();
+    let mut reader = workerprobe::collect::memory::MemoryReader::new();
+    // On a hybrid host: a v1 memory cgroup for the first holder alone, joined before it
+    // allocates (v1 charges stay where they were made).
+    let v1_own = reader.v1_memory_mount().map(|mount| {
+        let dir = mount.join(format!("workerprobe-test-{}-v1-own", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("make a v1 memory cgroup");
+        dir
+    });
+    let hold = [
+        workload_path().display().to_string(),
+        "hold".into(),
+        "24".into(),
+        "120000".into(),
+    ];
+    let mut holders: Vec<Child> = std::iter::once(&own)
+        .chain(&sharing)
+        .map(|worker| {
+            let mut holder = match &v1_own {
+                Some(v1_dir) if worker.id == own.id => {
+                    let mut command = Command::new("sh");
+                    command
+                        .arg("-c")
+                        .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
+                        .arg(v1_dir)
+                        .args(&hold)
+                        .stdout(Stdio::piped());
+                    cgroup::spawn_in_cgroup(&mut command, &worker.dir).expect("spawn")
+                }
+                _ => worker.spawn_workload(&["hold", "24", "120000"]),
+            };
+            read_first_json_line(&mut holder);
+            holder
+        })
+        .collect();
+    let mut collector = workerprobe_tests::collector_with(workerprobe::loader::LoadOptions {
+        process_rss_walk: true,
+        ..Default::default()
+    });
+    use workerprobe::collect::Source as _;
+    let read_u64 = |path: &Path| -> u64 {
+        std::fs::read_to_string(path)
+            .unwrap_or_else(|err| panic!("read {}: {err}", path.display()))
+            .trim()
+            .parse()
+            .expect("a number")
+    };
+    for round in 0..2 {
+        collector.sample().expect("sample");
+        let walked = collector.take_walked_memory();
+        let processes = walked.processes.as_ref().expect("the process walk ran");
+        for (index, worker) in std::iter::once(&own).chain(&sharing).enumerate() {
+            // The kernel's own figure, read around ours: the holders touch nothing now.
+            use workerprobe::model::MemorySource;
+            let (source, kernel_file) = if worker.dir.join("memory.current").exists() {
+                (
+                    MemorySource::Cgroup2,
+                    Some(worker.dir.join("memory.current")),
+                )
+            } else if index == 0 {
+                let v1_dir = v1_own.as_ref().expect("a v1 memory controller");
+                (
+                    MemorySource::Cgroup1,
+                    Some(v1_dir.join("memory.usage_in_bytes")),
+                )
+            } else {
+                (MemorySource::Rss, None)
+            };
+            let before = kernel_file.as_deref().map(read_u64);
+            let ours = reader
+                .read_worker(
+                    worker.id,
+                    &format!("/{}", worker.name()),
+                    &walked,
+                    &mut |path| collector.cgroups().dir_of(path),
+                )
+                .unwrap_or_else(|| panic!("round {round}: no memory for worker {index}"));
+            let after = kernel_file.as_deref().map(read_u64);
+            eprintln!(
+                "round {round}: worker {index}: {ours:?}, the kernel's {before:?}..{after:?}"
+            );
+            assert_eq!(ours.source, source, "round {round}: worker {index}");
+            match (before, after) {
+                (Some(before), Some(after)) => assert!(
+                    (before.min(after)..=before.max(after)).contains(&ours.current_bytes),
+                    "round {round}: worker {index}: ours {} bytes, the kernel's {before} then {after}",
+                    ours.current_bytes
+                ),
+                _ => assert_eq!(
+                    ours, processes[&worker.id].reading,
+                    "round {round}: worker {index}: not the walk's sum"
+                ),
+            }
+            assert!(ours.current_bytes >= 24 << 20, "round {round}: {ours:?}");
+        }
+    }
+    for holder in &mut holders {
+        let _ = holder.kill();
+        let _ = holder.wait();
+    }
+    if let Some(dir) = v1_own {
+        let _ = std::fs::remove_dir(dir);
     }
 }

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::kept_files::KeptFiles;
+use super::{kept_files::KeptFiles, memory_walk::WalkedProcesses};
 use crate::model::{Interval, MemoryReading, MemorySource};
 
 /// Reads workers' memory.
@@ -41,8 +41,8 @@ pub struct MemoryReader {
     /// The files read every interval, kept open.
     files: KeptFiles,
     /// Workers (by cgroup id) whose memory was found to be their processes' resident sets,
-    /// and when: for [`V1_SHARED_FRESH`] the process walk's sum is taken without their process
-    /// list being read to look for a v1 memory cgroup of their own.
+    /// and when: for [`V1_SHARED_FRESH`] the process walk's sum is taken without a look for a
+    /// v1 memory cgroup of their own.
     rss_chosen: HashMap<u64, Instant>,
     /// When stale entries of `rss_chosen` were last dropped.
     rss_chosen_pruned_at: Instant,
@@ -54,7 +54,7 @@ pub struct WalkedMemory {
     /// The memory walk's counters of every cgroup with a memory controller of its own.
     pub cgroups: Option<HashMap<u64, MemoryReading>>,
     /// The process walk's resident sets, summed for every cgroup that holds a process.
-    pub processes: Option<HashMap<u64, MemoryReading>>,
+    pub processes: Option<HashMap<u64, WalkedProcesses>>,
 }
 
 /// How long a v1 memory cgroup's process list is reused: a cgroup a worker owns is dropped
@@ -108,7 +108,7 @@ impl MemoryReader {
     fn read_files(
         &mut self,
         dir: &Path,
-        rss: Option<(&HashMap<u64, MemoryReading>, u64)>,
+        rss: Option<(&HashMap<u64, WalkedProcesses>, u64)>,
     ) -> Option<MemoryReading> {
         if self.v2_memory
             && let Some(current_bytes) = self.read_u64(&dir.join("memory.current"))
@@ -128,16 +128,22 @@ impl MemoryReader {
             });
         }
         let now = Instant::now();
-        // Found to be its processes' a moment ago: the walk's sum. One it lacks (no process,
-        // or no room in its map) is read from the files below.
+        // Found to be its processes' a moment ago, or one of its processes is in a v1 memory
+        // cgroup known not to be its own: the walk's sum, without its process list. One the
+        // walk lacks (no process, or no room in its map) is read from the files below.
         if let Some((walked, cgroup_id)) = rss
-            && self
+            && let Some(found) = walked.get(&cgroup_id)
+        {
+            let chosen = self
                 .rss_chosen
                 .get(&cgroup_id)
-                .is_some_and(|at| now.duration_since(*at) < V1_SHARED_FRESH)
-            && let Some(reading) = walked.get(&cgroup_id)
-        {
-            return Some(*reading);
+                .is_some_and(|at| now.duration_since(*at) < V1_SHARED_FRESH);
+            if chosen || self.v1_known_not_own(found.pid, now) {
+                if !chosen {
+                    self.choose_rss(cgroup_id, now);
+                }
+                return Some(found.reading);
+            }
         }
         let pids = self
             .files
@@ -152,8 +158,8 @@ impl MemoryReader {
         }
         if let Some((walked, cgroup_id)) = rss {
             self.choose_rss(cgroup_id, now);
-            if let Some(reading) = walked.get(&cgroup_id) {
-                return Some(*reading);
+            if let Some(found) = walked.get(&cgroup_id) {
+                return Some(found.reading);
             }
         }
         let rss = self.rss_bytes(&pids);
@@ -216,6 +222,23 @@ impl MemoryReader {
             self.rss_chosen_pruned_at = now;
         }
         self.rss_chosen.insert(cgroup_id, now);
+    }
+
+    /// Whether process `pid`'s v1 memory cgroup is known to be no worker's own (the root, or
+    /// found shared less than [`V1_SHARED_FRESH`] ago), or there is no v1 memory controller:
+    /// then the files would give its worker's resident sets too.
+    fn v1_known_not_own(&mut self, pid: u32, now: Instant) -> bool {
+        let Some(mount) = self.v1_memory_mount.clone() else {
+            return true;
+        };
+        match self.v1_membership_of(pid).as_deref() {
+            None => false,
+            Some("/") => true,
+            Some(v1_path) => self
+                .v1_shared
+                .get(&mount.join(v1_path.trim_start_matches('/')))
+                .is_some_and(|found_at| now.duration_since(*found_at) < V1_SHARED_FRESH),
+        }
     }
 
     /// The v1 memory cgroup of the worker's processes, if it holds nothing else.

@@ -21,17 +21,29 @@ use crate::{
 
 /// What a walk writes per cgroup, stamped with the walk that wrote it.
 pub trait WalkEntry: aya::Pod + Copy {
+    /// What a read keeps of an entry.
+    type Found;
     /// The walk (the iterator session's id) that wrote the entry.
     fn walk(&self) -> u64;
-    /// The memory it tells, with pages of `page_bytes`.
-    fn reading(&self, page_bytes: u64) -> MemoryReading;
+    /// What it tells, with pages of `page_bytes`.
+    fn found(&self, page_bytes: u64) -> Self::Found;
+}
+
+/// A cgroup's processes as the process walk found them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WalkedProcesses {
+    /// Their resident sets, summed.
+    pub reading: MemoryReading,
+    /// One of them.
+    pub pid: u32,
 }
 
 impl WalkEntry for MemoryNow {
+    type Found = MemoryReading;
     fn walk(&self) -> u64 {
         self.walk
     }
-    fn reading(&self, page_bytes: u64) -> MemoryReading {
+    fn found(&self, page_bytes: u64) -> MemoryReading {
         MemoryReading {
             current_bytes: self.current_pages * page_bytes,
             peak_bytes: self.peak_pages * page_bytes,
@@ -41,15 +53,19 @@ impl WalkEntry for MemoryNow {
 }
 
 impl WalkEntry for RssNow {
+    type Found = WalkedProcesses;
     fn walk(&self) -> u64 {
         self.walk
     }
-    fn reading(&self, page_bytes: u64) -> MemoryReading {
+    fn found(&self, page_bytes: u64) -> WalkedProcesses {
         let rss_bytes = self.rss_pages * page_bytes;
-        MemoryReading {
-            current_bytes: rss_bytes,
-            peak_bytes: rss_bytes,
-            source: MemorySource::Rss,
+        WalkedProcesses {
+            reading: MemoryReading {
+                current_bytes: rss_bytes,
+                peak_bytes: rss_bytes,
+                source: MemorySource::Rss,
+            },
+            pid: self.pid,
         }
     }
 }
@@ -84,10 +100,10 @@ impl<V: WalkEntry> MemoryWalk<V> {
         })
     }
 
-    /// One walk: the memory of every cgroup it wrote an entry for, by cgroup id. Entries no
-    /// walk rewrote since an earlier one are of cgroups that are gone (or, for the process
+    /// One walk: what it found of every cgroup it wrote an entry for, by cgroup id. Entries
+    /// no walk rewrote since an earlier one are of cgroups that are gone (or, for the process
     /// walk, hold no process now): freed.
-    pub fn read(&mut self) -> anyhow::Result<HashMap<u64, MemoryReading>> {
+    pub fn read(&mut self) -> anyhow::Result<HashMap<u64, V::Found>> {
         self.iter.walk().context("walking for memory")?;
         let walk = self
             .last_walk
@@ -105,7 +121,7 @@ impl<V: WalkEntry> MemoryWalk<V> {
                 let _ = self.now.remove(&cgroup_id);
                 continue;
             }
-            memory.insert(cgroup_id, now.reading(self.page_bytes));
+            memory.insert(cgroup_id, now.found(self.page_bytes));
         }
         Ok(memory)
     }

@@ -17,6 +17,7 @@ mod slots;
 use events::{RingEvent, RingReader, decode_cgroup_event, decode_process_event};
 use heap::HeapReturn;
 use memory::WalkedMemory;
+pub use memory_walk::WalkedProcesses;
 use memory_walk::MemoryWalk;
 use probe_common::{
     cpu::{
