@@ -82,6 +82,13 @@ impl<K: Copy, V: Copy> PerCpuEntries<K, V> {
         }
     }
 
+    /// Adds an entry (for readers that fill it key by key); `values` holds one per CPU.
+    pub fn push(&mut self, key: K, values: &[V]) {
+        debug_assert_eq!(values.len(), self.cpus);
+        self.keys.push(key);
+        self.values.extend_from_slice(values);
+    }
+
     /// Every entry copied out, a vector of values each: for readers that keep them.
     pub fn to_vec(&self) -> Vec<(K, Vec<V>)> {
         self.iter()

@@ -17,8 +17,8 @@ mod slots;
 use events::{RingEvent, RingReader, decode_cgroup_event, decode_process_event};
 use heap::HeapReturn;
 use memory::WalkedMemory;
-pub use memory_walk::WalkedProcesses;
 use memory_walk::MemoryWalk;
+pub use memory_walk::WalkedProcesses;
 use probe_common::{
     cpu::{
         CPU_SLOTS_MAP, CPU_STATS_MAP, CpuStats, FREE_SLOTS_MAP, LAST_SWITCH_MAP, LastSwitch,
@@ -93,6 +93,9 @@ pub struct KernelCollector {
     /// Socket counters per CPU of the workers with slots, from the last read of the slots.
     slot_net: Vec<(u64, Vec<NetStats>)>,
     net_stats: PerCpuHashMap<MapData, u64, NetStats>,
+    /// The last read of `net_stats`, its buffers kept for the next (a fresh one each
+    /// sample was an allocation the size of the whole batch, mapped and unmapped).
+    net_entries: batch::PerCpuEntries<u64, NetStats>,
     endpoints: PerCpuHashMap<MapData, EndpointKey, EndpointStats>,
     endpoint_counts: aya::maps::HashMap<MapData, u64, u64>,
     /// The endpoints' fast path (absent from an older pin set).
@@ -273,6 +276,7 @@ impl KernelCollector {
             cpu_slots,
             slot_net: Vec::new(),
             net_stats,
+            net_entries: batch::PerCpuEntries::new(cpus),
             endpoints,
             endpoint_counts,
             endpoint_slots,
@@ -342,10 +346,11 @@ impl Source for KernelCollector {
         }
         let mut calls = std::collections::HashMap::new();
         let slot_net = std::mem::take(&mut self.slot_net);
-        for (cgroup_id, per_cpu) in read_all(&self.net_stats, self.cpus)?
-            .into_iter()
-            .chain(slot_net)
-        {
+        read_all_into(&self.net_stats, &mut self.net_entries)?;
+        let slot_net = slot_net
+            .iter()
+            .map(|(cgroup_id, per_cpu)| (*cgroup_id, per_cpu.as_slice()));
+        for (cgroup_id, per_cpu) in self.net_entries.iter().chain(slot_net) {
             if self.finished_ids.contains(&cgroup_id) {
                 // Bytes of a worker already summarised: freed, not shown as a new worker.
                 let _ = self.net_stats.remove(&cgroup_id);
@@ -954,6 +959,29 @@ fn sum_endpoint(key: EndpointKey, per_cpu: &[EndpointStats]) -> EndpointDelta {
         crate::model::endpoints::add_stats(&mut stats, on_cpu);
     }
     EndpointDelta { key, stats }
+}
+
+/// Every entry of a per-CPU hash map into `into`, in a few batched calls; key by key where
+/// the kernel lacks batch lookups.
+fn read_all_into<K: aya::Pod + Copy + Default, V: aya::Pod + Copy + Default>(
+    map: &PerCpuHashMap<MapData, K, V>,
+    into: &mut batch::PerCpuEntries<K, V>,
+) -> anyhow::Result<()> {
+    use aya::maps::IterableMap as _;
+    use std::os::fd::AsFd as _;
+    let fd = map.map().fd().as_fd();
+    // SAFETY: the map is a per-CPU hash with Pod keys of type K and values of type V.
+    match unsafe { batch::read_first(fd, usize::MAX, into) } {
+        Ok(()) => Ok(()),
+        Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
+            // An entry removed between listing and lookup is simply skipped.
+            for (key, per_cpu) in map.iter().filter_map(Result::ok) {
+                into.push(key, &per_cpu);
+            }
+            Ok(())
+        }
+        Err(err) => Err(anyhow::Error::new(err).context("reading a map")),
+    }
 }
 
 /// Every entry of a per-CPU hash map, in a few batched calls; key by key where the kernel
