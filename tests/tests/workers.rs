@@ -750,6 +750,15 @@ fn statm_lag_pages() -> u64 {
     3 * (2 * cpus).max(32) * cpus
 }
 
+/// A collector that runs the process walk on any host (the agent runs it only where cgroup2
+/// has no memory controller).
+fn process_walk_collector() -> workerprobe::collect::KernelCollector {
+    workerprobe_tests::collector_with(workerprobe::loader::LoadOptions {
+        process_rss_walk: true,
+        ..Default::default()
+    })
+}
+
 /// The process walk (how the agent reads workers' memory where cgroup2 has no memory
 /// controller: hybrid hosts) sums the worker's processes' resident sets as /proc/PID/statm
 /// gives each (exactly where /proc sums the counters' per-CPU parts too), on every kernel's
@@ -768,10 +777,7 @@ fn the_process_walk_sums_each_process_resident_set_as_statm_says() {
             holder
         })
         .collect();
-    let mut collector = workerprobe_tests::collector_with(workerprobe::loader::LoadOptions {
-        process_rss_walk: true,
-        ..Default::default()
-    });
+    let mut collector = process_walk_collector();
     // SAFETY: sysconf only reads a constant of the system.
     let page_bytes = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).expect("page");
     let statm_sum = |holders: &[Child]| -> u64 {
@@ -877,10 +883,7 @@ fn each_worker_memory_comes_from_its_own_v1_cgroup_or_else_the_process_walk() {
             holder
         })
         .collect();
-    let mut collector = workerprobe_tests::collector_with(workerprobe::loader::LoadOptions {
-        process_rss_walk: true,
-        ..Default::default()
-    });
+    let mut collector = process_walk_collector();
     use workerprobe::collect::Source as _;
     let read_u64 = |path: &Path| -> u64 {
         std::fs::read_to_string(path)
