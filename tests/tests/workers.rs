@@ -11,8 +11,8 @@ use std::{
 
 use workerprobe::cgroup;
 use workerprobe_tests::{
-    TestCgroup, field, read_first_json_line, require_root, start_agent, temp_path, wait_json,
-    workerprobe_path, workload_path,
+    KillOnDrop, TestCgroup, field, read_first_json_line, require_root, start_agent, temp_path,
+    wait_json, workerprobe_path, workload_path,
 };
 
 /// A running `workerprobe watch --json`, its output read as it comes (a full pipe would
@@ -769,21 +769,21 @@ fn the_process_walk_sums_each_process_resident_set_as_statm_says() {
     require_root();
     let worker = TestCgroup::new("rss-walk");
     let empty = TestCgroup::new("rss-walk-empty");
-    let mut holders: Vec<Child> = [16u64, 32, 48]
+    let mut holders: Vec<KillOnDrop> = [16u64, 32, 48]
         .iter()
         .map(|mib| {
             let mut holder = worker.spawn_workload(&["hold", &mib.to_string(), "120000"]);
             read_first_json_line(&mut holder);
-            holder
+            KillOnDrop(holder)
         })
         .collect();
     let mut collector = process_walk_collector();
     // SAFETY: sysconf only reads a constant of the system.
     let page_bytes = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).expect("page");
-    let statm_sum = |holders: &[Child]| -> u64 {
+    let statm_sum = |holders: &[KillOnDrop]| -> u64 {
         holders
             .iter()
-            .map(|holder| statm_resident_pages(holder.id()))
+            .map(|holder| statm_resident_pages(holder.0.id()))
             .sum::<u64>()
             * page_bytes
     };
@@ -801,7 +801,7 @@ fn the_process_walk_sums_each_process_resident_set_as_statm_says() {
             .get(&worker.id)
             .unwrap_or_else(|| panic!("round {round}: the worker is not in the walk"));
         // The process it names (to find its v1 memory cgroup by) is one of the worker's.
-        let pids: Vec<u32> = holders.iter().map(Child::id).collect();
+        let pids: Vec<u32> = holders.iter().map(|holder| holder.0.id()).collect();
         assert!(
             pids.contains(&walked_worker.pid),
             "round {round}: the walk names process {}, the worker's are {pids:?}",
@@ -826,14 +826,8 @@ fn the_process_walk_sums_each_process_resident_set_as_statm_says() {
             !processes.contains_key(&empty.id),
             "an empty cgroup in the walk"
         );
-        // One holder ends: its pages leave the sum.
-        let mut gone = holders.remove(0);
-        let _ = gone.kill();
-        let _ = gone.wait();
-    }
-    for mut holder in holders {
-        let _ = holder.kill();
-        let _ = holder.wait();
+        // One holder ends (killed and reaped): its pages leave the sum.
+        drop(holders.remove(0));
     }
 }
 
@@ -851,11 +845,13 @@ fn each_worker_memory_comes_from_its_own_v1_cgroup_or_else_the_process_walk() {
         .collect();
     let mut reader = workerprobe::collect::memory::MemoryReader::new();
     // On a hybrid host: a v1 memory cgroup for the first holder alone, joined before it
-    // allocates (v1 charges stay where they were made).
+    // allocates (v1 charges stay where they were made); removed when dropped, as the test's
+    // cgroup2 ones, after the holders (declared later, dropped first: killed and reaped).
     let v1_own = reader.v1_memory_mount().map(|mount| {
         let dir = mount.join(format!("workerprobe-test-{}-v1-own", std::process::id()));
         std::fs::create_dir_all(&dir).expect("make a v1 memory cgroup");
-        dir
+        let id = cgroup::cgroup_id(&dir).expect("the v1 cgroup's id");
+        TestCgroup { dir, id }
     });
     let hold = [
         workload_path().display().to_string(),
@@ -863,7 +859,7 @@ fn each_worker_memory_comes_from_its_own_v1_cgroup_or_else_the_process_walk() {
         "24".into(),
         "120000".into(),
     ];
-    let mut holders: Vec<Child> = std::iter::once(&own)
+    let _holders: Vec<KillOnDrop> = std::iter::once(&own)
         .chain(&sharing)
         .map(|worker| {
             let mut holder = match &v1_own {
@@ -872,7 +868,7 @@ fn each_worker_memory_comes_from_its_own_v1_cgroup_or_else_the_process_walk() {
                     command
                         .arg("-c")
                         .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
-                        .arg(v1_dir)
+                        .arg(&v1_dir.dir)
                         .args(&hold)
                         .stdout(Stdio::piped());
                     cgroup::spawn_in_cgroup(&mut command, &worker.dir).expect("spawn")
@@ -880,7 +876,7 @@ fn each_worker_memory_comes_from_its_own_v1_cgroup_or_else_the_process_walk() {
                 _ => worker.spawn_workload(&["hold", "24", "120000"]),
             };
             read_first_json_line(&mut holder);
-            holder
+            KillOnDrop(holder)
         })
         .collect();
     let mut collector = process_walk_collector();
@@ -908,7 +904,7 @@ fn each_worker_memory_comes_from_its_own_v1_cgroup_or_else_the_process_walk() {
                 let v1_dir = v1_own.as_ref().expect("a v1 memory controller");
                 (
                     MemorySource::Cgroup1,
-                    Some(v1_dir.join("memory.usage_in_bytes")),
+                    Some(v1_dir.dir.join("memory.usage_in_bytes")),
                 )
             } else {
                 (MemorySource::Rss, None)
@@ -940,12 +936,5 @@ fn each_worker_memory_comes_from_its_own_v1_cgroup_or_else_the_process_walk() {
             }
             assert!(ours.current_bytes >= 24 << 20, "round {round}: {ours:?}");
         }
-    }
-    for holder in &mut holders {
-        let _ = holder.kill();
-        let _ = holder.wait();
-    }
-    if let Some(dir) = v1_own {
-        let _ = std::fs::remove_dir(dir);
     }
 }
