@@ -97,21 +97,6 @@ impl<K: Copy, V: Copy> PerCpuEntries<K, V> {
     }
 }
 
-/// Every entry of a per-CPU hash map: (key, one value per possible CPU).
-///
-/// # Safety
-/// `fd` must be a `BPF_MAP_TYPE_PERCPU_HASH` with keys of type `K` and values of type `V`,
-/// both valid for any bit pattern.
-pub unsafe fn lookup_all_percpu<K: Copy, V: Copy>(
-    fd: BorrowedFd<'_>,
-    cpus: usize,
-) -> io::Result<Vec<(K, Vec<V>)>> {
-    let mut entries = PerCpuEntries::new(cpus);
-    // SAFETY: as the caller promised.
-    unsafe { read_first(fd, usize::MAX, &mut entries) }?;
-    Ok(entries.to_vec())
-}
-
 /// Reads the first `max_keys` entries of a per-CPU map, in its order (for an array, indexes
 /// `0..max_keys`), into `into`, replacing what it held. A plain map reads the same with
 /// `into` made for 1 CPU.

@@ -984,24 +984,12 @@ fn read_all_into<K: aya::Pod + Copy + Default, V: aya::Pod + Copy + Default>(
     }
 }
 
-/// Every entry of a per-CPU hash map, in a few batched calls; key by key where the kernel
-/// lacks batch lookups.
+/// Every entry of a per-CPU hash map, copied out (see [`read_all_into`]).
 fn read_all<K: aya::Pod + Copy + Default, V: aya::Pod + Copy + Default>(
     map: &PerCpuHashMap<MapData, K, V>,
     cpus: usize,
 ) -> anyhow::Result<Vec<(K, Vec<V>)>> {
-    use aya::maps::IterableMap as _;
-    use std::os::fd::AsFd as _;
-    let fd = map.map().fd().as_fd();
-    // SAFETY: the map is a per-CPU hash with Pod keys of type K and values of type V.
-    match unsafe { batch::lookup_all_percpu::<K, V>(fd, cpus) } {
-        Ok(entries) => Ok(entries),
-        Err(err) if err.raw_os_error() == Some(libc::EINVAL) => Ok(map
-            .iter()
-            // An entry removed between listing and lookup is simply skipped.
-            .filter_map(Result::ok)
-            .map(|(key, per_cpu)| (key, per_cpu.to_vec()))
-            .collect()),
-        Err(err) => Err(anyhow::Error::new(err).context("reading a map")),
-    }
+    let mut entries = batch::PerCpuEntries::new(cpus);
+    read_all_into(map, &mut entries)?;
+    Ok(entries.to_vec())
 }
