@@ -129,8 +129,8 @@ impl KernelFeatures {
         }
     }
 
-    /// Probes the running kernel for every need in `needs`: BTF lookups, and for fexit and task
-    /// storage a trial load of a trivial program or map (aya's feature probes).
+    /// Probes the running kernel for every need in `needs`: BTF lookups, and for fexit a trial
+    /// load of a trivial program (aya's feature probe).
     pub fn probe(btf: &Btf, needs: &[Need], sched_info: bool) -> Self {
         let mut features = Self {
             sched_info,
@@ -149,11 +149,7 @@ impl KernelFeatures {
                     }
                 }
                 Need::Fexit => features.fexit = fexit_attaches(btf),
-                Need::TaskStorage => {
-                    features.task_storage =
-                        aya::sys::is_map_supported(aya::maps::MapType::TaskStorage)
-                            .unwrap_or(false);
-                }
+                Need::TaskStorage => features.task_storage = task_storage_built(btf),
                 Need::SchedInfo => {}
                 Need::CgroupRstat => features.cgroup_rstat = cgroup_rstat_readable(btf),
                 Need::CgroupMemory => features.cgroup_memory = cgroup_memory_readable(btf),
@@ -162,6 +158,15 @@ impl KernelFeatures {
         }
         features
     }
+}
+
+/// Whether the kernel has task-local storage: its `bpf_task_storage_get` helper is in the BTF
+/// (built with the map type; every program that needs it also needs a 5.18+ tracepoint, long
+/// after tracing programs could call it). Not aya's trial map: a task-storage map the kernel
+/// refuses is freed at once, behind RCU grace periods, which cost 30 ms of every start and
+/// 200 ms of a restart while the last run's maps were still being freed.
+fn task_storage_built(btf: &Btf) -> bool {
+    btf.named("bpf_task_storage_get", Kind::Func).is_some()
 }
 
 /// Whether the kernel has the cgroup iterator (`struct bpf_iter__cgroup`), the helper that
