@@ -9,6 +9,7 @@ use std::{
     fs,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use crate::{error::UserError, model::CpuStatUsec};
@@ -200,12 +201,13 @@ pub fn cgroup_id(dir: &Path) -> std::io::Result<u64> {
 #[derive(Debug)]
 pub struct CgroupIndex {
     mount: PathBuf,
-    paths: HashMap<u64, String>,
+    /// Shared with every sample that names the cgroup: a clone is a count, not a copy.
+    paths: HashMap<u64, Arc<str>>,
     /// Removed cgroups a walk no longer finds, oldest first: their path is still asked for
     /// (a worker removed inside a window is named in its report) until
     /// [`CgroupIndex::forget`], and at most [`MAX_GONE`] are kept for callers that never
     /// forget (`top`).
-    gone: HashMap<u64, String>,
+    gone: HashMap<u64, Arc<str>>,
     /// The ids of `gone`, oldest first (forgotten ones are skipped when evicting).
     gone_order: std::collections::VecDeque<u64>,
     /// When the hierarchy was last walked: walks are rate-limited, since the kernel's
@@ -250,8 +252,10 @@ impl CgroupIndex {
                 continue; // removed while we walked
             };
             let relative = dir.strip_prefix(&self.mount).unwrap_or(Path::new(""));
-            self.paths
-                .insert(meta.ino(), format!("/{}", relative.to_string_lossy()));
+            self.paths.insert(
+                meta.ino(),
+                format!("/{}", relative.to_string_lossy()).into(),
+            );
             let Ok(entries) = fs::read_dir(&dir) else {
                 continue;
             };
@@ -280,8 +284,8 @@ impl CgroupIndex {
     }
 
     /// Learns a cgroup's path (from the kernel's lifecycle event), without a walk.
-    pub fn insert(&mut self, id: u64, path: String) {
-        self.paths.insert(id, path);
+    pub fn insert(&mut self, id: u64, path: &str) {
+        self.paths.insert(id, path.into());
     }
 
     /// Forgets a removed cgroup.
@@ -292,7 +296,7 @@ impl CgroupIndex {
     }
 
     /// The path of an id this index knows, alive or removed.
-    fn path_of(&self, id: u64) -> Option<&String> {
+    fn path_of(&self, id: u64) -> Option<&Arc<str>> {
         self.paths.get(&id).or_else(|| self.gone.get(&id))
     }
 
@@ -306,23 +310,25 @@ impl CgroupIndex {
 
     /// The path of a cgroup id, walking the hierarchy again if the id is new (at most every
     /// two seconds). `None` when the cgroup is gone or not found yet.
-    pub fn resolve(&mut self, id: u64) -> Option<String> {
+    pub fn resolve(&mut self, id: u64) -> Option<Arc<str>> {
         self.walk_for_unknown(&[id]);
         self.path_of(id).cloned()
     }
 
-    /// The path of every id in `ids`, walking the hierarchy at most once.
-    pub fn resolve_all(&mut self, ids: impl IntoIterator<Item = u64>) -> HashMap<u64, String> {
-        let ids: Vec<u64> = ids.into_iter().collect();
-        self.walk_for_unknown(&ids);
-        ids.into_iter()
-            .filter_map(|id| Some((id, self.path_of(id)?.clone())))
-            .collect()
+    /// Walks the hierarchy (at most once, and only if one of `ids` is unknown), so that
+    /// [`CgroupIndex::known_path`] can name each.
+    pub fn learn(&mut self, ids: &[u64]) {
+        self.walk_for_unknown(ids);
+    }
+
+    /// The path of an id known now, alive or removed; no walk.
+    pub fn known_path(&self, id: u64) -> Option<Arc<str>> {
+        self.path_of(id).cloned()
     }
 
     /// Every known cgroup: id and path.
     pub fn known(&self) -> impl Iterator<Item = (u64, &str)> {
-        self.paths.iter().map(|(&id, path)| (id, path.as_str()))
+        self.paths.iter().map(|(&id, path)| (id, &**path))
     }
 
     /// The directory of a cgroup path relative to the mount.
@@ -528,7 +534,7 @@ mod tests {
         let alive = cgroup_id(&mount.join("alive")).expect("has an inode");
         // An id the kernel named in a lifecycle event, whose directory is already gone.
         let removed = u64::MAX - 1;
-        index.insert(removed, "/short-lived".into());
+        index.insert(removed, "/short-lived");
         index.rescan();
         assert_eq!(index.resolve(alive).as_deref(), Some("/alive"));
         assert_eq!(index.resolve(removed).as_deref(), Some("/short-lived"));
@@ -538,7 +544,7 @@ mod tests {
         assert_eq!(index.path_of(removed), None);
         // Bounded for callers that never forget.
         for id in 0..(MAX_GONE as u64 + 10) {
-            index.insert(u64::MAX - 10 - id, "/gone".into());
+            index.insert(u64::MAX - 10 - id, "/gone");
         }
         index.rescan();
         assert_eq!(index.gone.len(), MAX_GONE);

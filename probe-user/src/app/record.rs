@@ -177,7 +177,7 @@ fn encode_tick(
         let path = stats
             .path
             .clone()
-            .or_else(|| record.map(|record| record.path.clone()));
+            .or_else(|| record.map(|record| record.path.as_str().into()));
         let identity = stats
             .identity
             .as_deref()
@@ -200,6 +200,7 @@ fn encode_tick(
             })
         });
         let endpoints = figures(namer, &stats.endpoints, interval.measured);
+        let path = path.map(|path| path.to_string());
         let line = TickLine::new(&context, stats, counters, path, identity, memory, endpoints);
         serde_json::to_writer(&mut lines, &Line::Tick(Box::new(line)))
             .context("encoding a tick line")?;

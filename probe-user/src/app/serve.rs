@@ -354,7 +354,7 @@ impl SeriesBook {
             Some(previous) => monotonic(&previous.counters, final_counters),
             None => final_counters,
         };
-        counters.path = Some(summary.path.clone());
+        counters.path = Some(summary.path.as_str().into());
         if counters.cpu_stat.is_none() {
             counters.cpu_stat = summary
                 .cpu

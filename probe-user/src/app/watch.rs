@@ -182,7 +182,9 @@ impl Watcher {
             .into_iter()
             .map(|end| {
                 let path = match &end {
-                    ProcessEnd::Process(summary) => cgroups.resolve(summary.cgroup_id),
+                    ProcessEnd::Process(summary) => cgroups
+                        .resolve(summary.cgroup_id)
+                        .map(|path| path.to_string()),
                     ProcessEnd::Tree(_) => None,
                 };
                 (end, path)

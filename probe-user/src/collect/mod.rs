@@ -380,9 +380,10 @@ impl Source for KernelCollector {
                 worker.endpoints.push(endpoint.clone());
             }
         }
-        let paths = self.cgroups.resolve_all(sample.workers.keys().copied());
+        let ids: Vec<u64> = sample.workers.keys().copied().collect();
+        self.cgroups.learn(&ids);
         for (cgroup_id, worker) in sample.workers.iter_mut() {
-            worker.path = paths.get(cgroup_id).cloned();
+            worker.path = self.cgroups.known_path(*cgroup_id);
             worker.identity = worker
                 .path
                 .as_deref()
@@ -460,7 +461,7 @@ impl KernelCollector {
                 },
             };
             if event.made {
-                self.cgroups.insert(event.cgroup_id, event.path.clone());
+                self.cgroups.insert(event.cgroup_id, &event.path);
             }
             if !event.made && memory_peak_pages > 0 {
                 // Ids grow: when full, the oldest removal goes.
@@ -870,7 +871,7 @@ impl KernelCollector {
             worker.cpu_per_cpu.resize(self.cpus, CpuStats::default());
             if worker.path.is_none() {
                 worker.identity = Some(self.names.identity(cgroup_id, &path));
-                worker.path = Some(path);
+                worker.path = Some(path.into());
             }
             if let Some(on_cpu) = worker.cpu_per_cpu.get_mut(cpu) {
                 on_cpu.on_cpu_ns += slice_ns;

@@ -21,7 +21,7 @@ pub struct CpuStatUsec {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WorkerCounters {
     /// Path relative to the cgroup2 mount (`/` is the root); `None` once the cgroup is gone.
-    pub path: Option<String>,
+    pub path: Option<std::sync::Arc<str>>,
     /// Who the worker is: what its path says and its container runtime adds; `None` with
     /// the path.
     pub identity: Option<std::sync::Arc<super::identity::Identity>>,

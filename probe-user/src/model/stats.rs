@@ -52,7 +52,7 @@ pub struct WorkerStats {
     /// cgroup v2 id.
     pub cgroup_id: u64,
     /// Path relative to the cgroup2 mount, when known.
-    pub path: Option<String>,
+    pub path: Option<std::sync::Arc<str>>,
     /// Who the worker is, when its path is known.
     pub identity: Option<std::sync::Arc<super::identity::Identity>>,
     /// Length of the interval.

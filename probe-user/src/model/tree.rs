@@ -96,7 +96,7 @@ impl Interval {
                 kept.push(worker);
                 continue;
             };
-            let is_ancestor = path == ancestor;
+            let is_ancestor = *path == *ancestor;
             match at.get(&ancestor) {
                 Some(&slot) => {
                     let entry = &mut folded[slot];
@@ -113,7 +113,7 @@ impl Interval {
                     if !is_ancestor {
                         let (cgroup_id, identity) = holder_of(&ancestor);
                         entry.cgroup_id = cgroup_id;
-                        entry.path = Some(ancestor.clone());
+                        entry.path = Some(ancestor.as_str().into());
                         entry.identity = Some(identity);
                         entry.memory = None;
                     }

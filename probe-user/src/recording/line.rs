@@ -568,7 +568,7 @@ impl TickLine {
             first.waits[reason] = totals.waits.get(*name).copied().unwrap_or(0);
         }
         let mut counters = WorkerCounters {
-            path: self.path.clone(),
+            path: self.path.as_deref().map(Into::into),
             cpu_per_cpu,
             cpu_stat: totals.cpu_stat,
             ..WorkerCounters::default()
@@ -770,7 +770,7 @@ mod tests {
             &context,
             stats,
             &after.workers[&42],
-            stats.path.clone(),
+            stats.path.as_deref().map(str::to_owned),
             None,
             Some(MemoryReading {
                 current_bytes: 1 << 20,

@@ -225,7 +225,7 @@ impl WorkerDocument {
         let identity = worker.named();
         Self {
             cgroup_id: worker.cgroup_id,
-            path: worker.path.clone(),
+            path: worker.path.as_deref().map(str::to_owned),
             name: identity.as_ref().map(|identity| identity.name.clone()),
             kind: identity.as_ref().map(|identity| identity.kind),
             ids: identity.map(|identity| identity.ids).unwrap_or_default(),

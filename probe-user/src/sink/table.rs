@@ -94,8 +94,8 @@ pub fn render(interval: &Interval, limit: usize) -> String {
 pub fn worker_label(worker: &WorkerStats) -> String {
     worker
         .path
-        .clone()
-        .unwrap_or_else(|| format!("cgroup:{}", worker.cgroup_id))
+        .as_deref()
+        .map_or_else(|| format!("cgroup:{}", worker.cgroup_id), str::to_owned)
 }
 
 /// A worker's name (its container's, unit's, pod's or last path component), `-` once the

@@ -1422,7 +1422,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        interval.workers[0].path = Some(path);
+        interval.workers[0].path = Some(path.into());
         interval.workers[0].identity = Some(std::sync::Arc::new(named));
         let text = screen_text(&interval, &TopView::new(10, 2), 200, 24);
         let lines: Vec<&str> = text.lines().collect();
