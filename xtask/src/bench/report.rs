@@ -626,12 +626,15 @@ fn targets(r: &Results) -> Vec<Target> {
                 "{:.2} ms of CPU per interval for {} workers active in each. By perf on this \
                  hybrid host, where v1 holds the memory controller: about a fifth the process \
                  walk (a task iterator visits every task on the host and sums each process's \
-                 resident pages by cgroup, read in one call), a seventh reading the per-CPU \
-                 counters of the slots in use in batches, a tenth turning counters into \
-                 intervals, a thirteenth each worker's memory from the walk (mostly the v1 \
-                 memory cgroup of the process the walk names, read from /proc every 30 s, to \
-                 look for one of the worker's own); the rest the table, the registry and the \
-                 heap check. This is the agent with every \
+                 resident pages by cgroup, read in one call), a sixth reading the slots (the \
+                 hash of their owners, then the per-CPU counters of those in use, in batches), \
+                 a tenth turning counters into intervals, a fourteenth each worker's memory \
+                 from the walk (mostly the v1 memory cgroup of the process the walk names, read \
+                 from /proc every 30 s, to look for one of the worker's own); the rest the \
+                 table and the registry. The owners' hash changes only when a worker takes a \
+                 slot: a count of takes kept by the programs would spare most of its reads (the \
+                 free stack's top would not: two CPUs racing to take a slot for one worker pop \
+                 two and push one back). This is the agent with every \
                  group; with CPU time alone, a cgroup iterator reads every cgroup's per-CPU \
                  times in one walk instead. Where cgroup2 has the memory controller, a cgroup \
                  walk reads every cgroup's memory counters instead (§7 measures it against the \
