@@ -789,7 +789,7 @@ fn preload(loaded: &mut Loaded) -> Vec<PlannedProgram> {
         .collect();
     // Longest first, each thread taking the next when it is done: a fixed share per thread
     // (in the map's random order) left one CPU idle for up to a third of the load.
-    queue.sort_by_key(|(work, ..)| *work);
+    queue.sort_by_key(|(work, ..)| *work); // popped from the end
     let queue = std::sync::Mutex::new(queue);
     let btf = &loaded.btf;
     std::thread::scope(|scope| {
