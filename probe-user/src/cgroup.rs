@@ -315,17 +315,6 @@ impl CgroupIndex {
         self.path_of(id).cloned()
     }
 
-    /// Walks the hierarchy (at most once, and only if one of `ids` is unknown), so that
-    /// [`CgroupIndex::known_path`] can name each.
-    pub fn learn(&mut self, ids: &[u64]) {
-        self.walk_for_unknown(ids);
-    }
-
-    /// The path of an id known now, alive or removed; no walk.
-    pub fn known_path(&self, id: u64) -> Option<Arc<str>> {
-        self.path_of(id).cloned()
-    }
-
     /// Every known cgroup: id and path.
     pub fn known(&self) -> impl Iterator<Item = (u64, &str)> {
         self.paths.iter().map(|(&id, path)| (id, &**path))

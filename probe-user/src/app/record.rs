@@ -176,8 +176,9 @@ fn encode_tick(
         // A cgroup removed before the sample has no path there; the registry remembers it.
         let path = stats
             .path
-            .clone()
-            .or_else(|| record.map(|record| record.path.as_str().into()));
+            .as_deref()
+            .map(str::to_owned)
+            .or_else(|| record.map(|record| record.path.clone()));
         let identity = stats
             .identity
             .as_deref()
@@ -200,7 +201,6 @@ fn encode_tick(
             })
         });
         let endpoints = figures(namer, &stats.endpoints, interval.measured);
-        let path = path.map(|path| path.to_string());
         let line = TickLine::new(&context, stats, counters, path, identity, memory, endpoints);
         serde_json::to_writer(&mut lines, &Line::Tick(Box::new(line)))
             .context("encoding a tick line")?;

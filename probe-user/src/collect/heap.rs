@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 /// Free but resident memory that must accumulate before the next trim.
 const TRIM_AFTER_BYTES: u64 = 4 << 20;
-/// How often, at most, the held memory is measured: mallinfo2 walks the free lists, a
-/// fortieth of the agent's CPU at 1,000 workers when done every second. A burst's memory
+/// How often, at most, the held memory is measured: mallinfo2 walks the free lists, about 3%
+/// of the agent's CPU at 1,000 workers when done every second. A burst's memory
 /// goes back within this long of its end.
 const CHECK_EVERY: Duration = Duration::from_secs(5);
 

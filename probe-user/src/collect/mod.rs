@@ -380,10 +380,9 @@ impl Source for KernelCollector {
                 worker.endpoints.push(endpoint.clone());
             }
         }
-        let ids: Vec<u64> = sample.workers.keys().copied().collect();
-        self.cgroups.learn(&ids);
         for (cgroup_id, worker) in sample.workers.iter_mut() {
-            worker.path = self.cgroups.known_path(*cgroup_id);
+            // An unknown id walks the hierarchy: at most once every two seconds, for all of them.
+            worker.path = self.cgroups.resolve(*cgroup_id);
             worker.identity = worker
                 .path
                 .as_deref()
