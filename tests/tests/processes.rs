@@ -431,7 +431,10 @@ fn serve_shows_a_named_tree_while_it_runs_and_its_final_cpu_after() {
 fn top_shows_a_named_tree_that_was_running_before_it_started() {
     let cgroup = TestCgroup::new("toptree");
     let label = format!("top{}", std::process::id());
-    let tree = cgroup.spawn_workload(&["tree", &label, "2", "3000"]);
+    // Each of its 3 processes burns 10 s of CPU: the tree outlasts top's start and first
+    // sample (a release agent takes up to 7 s to start in a TCG VM; with 3 s each, the tree
+    // had ended by then in one 6.12 run).
+    let tree = cgroup.spawn_workload(&["tree", &label, "2", "10000"]);
     // The tree runs before top starts: top finds it among the running processes.
     std::thread::sleep(Duration::from_millis(300));
     let top = std::process::Command::new(workerprobe_tests::workerprobe_path())
