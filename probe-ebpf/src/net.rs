@@ -352,8 +352,10 @@ struct Call {
 /// call that just returned (claimed from the thread's state), and, for process workers, to
 /// the process's entry for that peer too.
 #[inline(always)]
-fn account_endpoint(call: &Call, state: Option<&mut task::TaskState>, current: task::Task) {
-    let (wait_ns, waits) = state.map_or((0, 0), |state| claim_network_wait(state, current));
+fn account_endpoint(call: &Call, mut state: Option<&mut task::TaskState>, current: task::Task) {
+    let (wait_ns, waits) = state
+        .as_deref_mut()
+        .map_or((0, 0), |state| claim_network_wait(state, current));
     let added = EndpointCall {
         bytes: call.bytes,
         sent: call.sent,
@@ -361,7 +363,11 @@ fn account_endpoint(call: &Call, state: Option<&mut task::TaskState>, current: t
         waits,
     };
     let mut key = peer_key(call.sock, call.family, call.cgroup_id);
-    match endpoint_slot(call, &key) {
+    let slot = match state {
+        Some(state) => thread_endpoint_slot(call, &key, state),
+        None => endpoint_slot(call, &key).map(|(_, slot)| slot),
+    };
+    match slot {
         // SAFETY: this CPU's value; no other writer while we run.
         Some(slot) => add_call(unsafe { &mut (*slot).stats }, &added),
         None => add_to_endpoint::<false>(&mut key, &added),
@@ -372,11 +378,33 @@ fn account_endpoint(call: &Call, state: Option<&mut task::TaskState>, current: t
     }
 }
 
-/// The slot of the worker's entry for the socket's peer on this CPU: an array access when the
-/// socket knows it, else found or taken on the rare path; `None` when the entry has no slot
-/// (none was free, or the worker is past its bound) and is in `ENDPOINTS`.
+/// The slot of the worker's entry for the socket's peer on this CPU, tried first where the
+/// thread's last call went: a thread mostly calls one peer in a row, and its state is at hand
+/// already (the socket's storage is a helper call and three loads more). The thread remembers
+/// the slot found.
 #[inline(always)]
-fn endpoint_slot(call: &Call, key: &EndpointKey) -> Option<*mut EndpointSlot> {
+fn thread_endpoint_slot(
+    call: &Call,
+    key: &EndpointKey,
+    state: &mut task::TaskState,
+) -> Option<*mut EndpointSlot> {
+    if let Some(slot) = ENDPOINT_SLOTS.get_ptr_mut(state.endpoint_slot) {
+        // As in `endpoint_slot`: the slot's key on this CPU says whose counters it holds.
+        // SAFETY: this CPU's value; no other writer while we run.
+        if unsafe { (*slot).key } == *key {
+            return Some(slot);
+        }
+    }
+    let (index, slot) = endpoint_slot(call, key)?;
+    state.endpoint_slot = index;
+    Some(slot)
+}
+
+/// The slot of the worker's entry for the socket's peer on this CPU, and its index: an array
+/// access when the socket knows it, else found or taken on the rare path; `None` when the
+/// entry has no slot (none was free, or the worker is past its bound) and is in `ENDPOINTS`.
+#[inline(always)]
+fn endpoint_slot(call: &Call, key: &EndpointKey) -> Option<(u32, *mut EndpointSlot)> {
     // SAFETY: the map is our socket storage; the helper takes a BTF socket pointer (or
     // returns null for one that is not a full socket).
     let hint = unsafe {
@@ -396,10 +424,10 @@ fn endpoint_slot(call: &Call, key: &EndpointKey) -> Option<*mut EndpointSlot> {
         // longer names this one.
         // SAFETY: this CPU's value; no other writer while we run.
         if unsafe { (*slot).key } == *key {
-            return Some(slot);
+            return Some((hint.slot, slot));
         }
     }
-    find_endpoint_slot(hint, key)
+    find_endpoint_slot(hint, key).map(|slot| (hint.slot, slot))
 }
 
 /// `BPF_SK_STORAGE_GET_F_CREATE`.

@@ -392,8 +392,9 @@ pub struct TaskState {
     pub slot_cgroup_id: u64,
     /// See `slot_cgroup_id`.
     pub slot: u32,
-    /// Keeps the size a multiple of 8.
-    pub reserved: u32,
+    /// The slot in `ENDPOINT_SLOTS` of the endpoint of its last socket call (a hint: the
+    /// slot's key on the CPU says whose it is, so 0 in fresh storage is checked as any other).
+    pub endpoint_slot: u32,
     /// Its own sleeps by wait reason, ns (process workers only).
     pub own_wait_ns: [u64; probe_common::wait::WAIT_REASONS],
 }
