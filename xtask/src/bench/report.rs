@@ -489,8 +489,9 @@ fn targets(r: &Results) -> Vec<Target> {
              every switch). The rest is the program body: this CPU's last-switch record, \
              a task-storage lookup for the outgoing task (its runtime baseline and its \
              worker's slot) and a per-CPU array update; with waits, reading the kind of \
-             file a sleep waits on (fd table, file, inode: three kernel reads at every \
-             sleep on a file descriptor, the largest part left).",
+             file a sleep waits on (fd table, file, inode at every sleep on a file \
+             descriptor, the largest part left: touching those objects costs it, not the \
+             helpers reading them, as BTF-checked loads in their place measured no cheaper).",
             switch_ns(r, Config::All),
             pipe_base.map_or(f64::NAN, |b| b.median),
             predicted,
@@ -544,8 +545,9 @@ fn targets(r: &Results) -> Vec<Target> {
             "each round trip is two sends, two receives and at least two context switches on \
              one CPU: {sock:.0} ns of socket programs per send+receive pair plus {:.0} ns per \
              switch (§1). Each socket program adds to its worker's slot (found through the \
-             thread's task storage) and, with endpoints, to its peer's slot (found through the \
-             socket's storage) and claims the thread's network sleeps: each of those objects \
+             thread's task storage) and, with endpoints, to its peer's slot (the thread's last \
+             one, else found through the socket's storage) and claims the thread's network \
+             sleeps: each of those objects \
              costs about one map access per call, so closing it needs fewer objects per event \
              and a cheaper sched_switch program.",
             switch_ns(r, Config::All)
@@ -720,18 +722,20 @@ fn per_event_goal(name: &str) -> (f64, &'static str) {
         n if n.starts_with("sock_") => (
             1.5,
             "two BTF-checked loads (family, cgroup), a task-storage lookup for the calling \
-             thread (its worker's slot) and an update of the slot; with endpoints, a \
-             socket-storage lookup (the slot of the socket's peer), the peer's address and \
-             port read to check that slot's owner, an update of it, and the thread's unclaimed \
-             network sleeps (one more helper for its system call number).",
+             thread (its worker's slot) and an update of the slot; with endpoints, the slot of \
+             the thread's last peer (a socket-storage lookup when the peer changed), the \
+             peer's address and port read to check that slot's owner, an update of it, and \
+             the thread's unclaimed network sleeps (one more helper for its system call \
+             number).",
         ),
         _ => (
             1.5,
             "this CPU's last-switch record, one task-storage lookup (the outgoing task's \
              runtime baseline, and its worker's slot) and a per-CPU array update; no clock \
              read. With waits, at every sleep the system call from the task's registers and, \
-             for a call on a file descriptor, the file's kind through three kernel reads (fd \
-             table, file, inode), the largest part left.",
+             for a call on a file descriptor, the file's kind through the fd table, file and \
+             inode, the largest part left (touching those objects costs it, not the helpers \
+             reading them: BTF-checked loads in their place measured no cheaper).",
         ),
     }
 }
