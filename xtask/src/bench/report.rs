@@ -167,10 +167,12 @@ fn per_event_section(out: &mut String, r: &Results) {
          sched pipe plus a loopback request/response load, with workerprobe (every group; every \
          group but waits and endpoints; every group with `--cpu-slots 0 --endpoint-slots 0`, \
          i.e. every worker and endpoint through the hash maps as before the slots; the empty \
-         `switch_floor`) and bpftrace \
-         attached in the same window. Includes the stats' own clock reads. bpftrace's programs are classic tracepoints, whose dispatch \
-         (argument copy into the perf buffer) is not in run_time_ns; the A/B tables show \
-         that cost.\n"
+         `switch_floor`) and bpftrace, each attached alone for its own run of the load, one \
+         after another in each window in an order rotated by one each window (programs on \
+         one tracepoint run in attach order, and a later one finds the cache lines an \
+         earlier one touched warm). Includes the stats' own clock reads. bpftrace's programs \
+         are classic tracepoints, whose dispatch (argument copy into the perf buffer) is not \
+         in run_time_ns; the A/B tables show that cost.\n"
     );
     let floor = r.prog_ns(&cpu_owner(), "switch_floor").map(|s| s.median);
     let _ = writeln!(
@@ -215,8 +217,8 @@ fn per_event_section(out: &mut String, r: &Results) {
 /// Whether a program name is the one sought.
 type NameMatch = dyn Fn(&str) -> bool;
 
-/// Each hot program's cost under two agents attached in the same window (`without`, then
-/// `with`), and the difference.
+/// Each hot program's cost under two agents, each alone in turn in the same windows
+/// (`without`, then `with`), and the difference.
 fn compare_owners(out: &mut String, r: &Results, title: &str, without: &str, with: &str) {
     if with == without {
         return;
@@ -252,7 +254,7 @@ fn compare_owners(out: &mut String, r: &Results, title: &str, without: &str, wit
     }
     let _ = writeln!(
         out,
-        "{title} ({without} against {with}, same window):\n\n| program | without (ns) | with (ns) | added (ns) |\n| --- | --- | --- | --- |"
+        "{title} ({without} against {with}, each alone in the same windows):\n\n| program | without (ns) | with (ns) | added (ns) |\n| --- | --- | --- | --- |"
     );
     for row in rows {
         let _ = writeln!(out, "{row}");
