@@ -645,7 +645,8 @@ pub struct AgentCostRecord {
 /// Each agent (and bpftrace) runs the load alone, one after another in each window, in an
 /// order rotated by one each window. Not all at once: programs on one tracepoint run in
 /// attach order, and a later one finds the task's and socket's cache lines warmed by an
-/// earlier one, so it measured 10–20% cheaper than it costs alone.
+/// earlier one (of two agents with the same programs here, the second measured 10–20%
+/// cheaper than the first).
 fn per_event_costs(
     env: &PeerEnv,
     runner: &Runner,
