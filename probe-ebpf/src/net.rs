@@ -388,12 +388,10 @@ fn thread_endpoint_slot(
     key: &EndpointKey,
     state: &mut task::TaskState,
 ) -> Option<*mut EndpointSlot> {
-    if let Some(slot) = ENDPOINT_SLOTS.get_ptr_mut(state.endpoint_slot) {
-        // As in `endpoint_slot`: the slot's key on this CPU says whose counters it holds.
-        // SAFETY: this CPU's value; no other writer while we run.
-        if unsafe { (*slot).key } == *key {
-            return Some(slot);
-        }
+    if let Some(slot) = ENDPOINT_SLOTS.get_ptr_mut(state.endpoint_slot)
+        && holds(slot, key)
+    {
+        return Some(slot);
     }
     let (index, slot) = endpoint_slot(call, key)?;
     state.endpoint_slot = index;
@@ -420,14 +418,20 @@ fn endpoint_slot(call: &Call, key: &EndpointKey) -> Option<(u32, *mut EndpointSl
     if hint.cgroup_id == call.cgroup_id {
         // `NO_ENDPOINT_SLOT` is past the array's end: the entry is in the hash.
         let slot = ENDPOINT_SLOTS.get_ptr_mut(hint.slot)?;
-        // A slot given back and taken by another endpoint (or a socket connected anew) no
-        // longer names this one.
-        // SAFETY: this CPU's value; no other writer while we run.
-        if unsafe { (*slot).key } == *key {
+        if holds(slot, key) {
             return Some((hint.slot, slot));
         }
     }
     find_endpoint_slot(hint, key).map(|slot| (hint.slot, slot))
+}
+
+/// Whether a slot on this CPU holds `key`'s counters: its key says whose they are. A slot
+/// given back and taken by another endpoint (or a socket connected anew) no longer names the
+/// one a thread or socket remembers.
+#[inline(always)]
+fn holds(slot: *mut EndpointSlot, key: &EndpointKey) -> bool {
+    // SAFETY: this CPU's value of `ENDPOINT_SLOTS`; no other writer while we run.
+    unsafe { (*slot).key == *key }
 }
 
 /// `BPF_SK_STORAGE_GET_F_CREATE`.
