@@ -8,6 +8,7 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+mod bounds;
 mod lifecycle;
 mod local_storage;
 mod net;

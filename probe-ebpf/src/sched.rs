@@ -85,12 +85,6 @@ pub(crate) fn count_drop(slot: u32) {
     }
 }
 
-/// An empty program on sched_switch: the floor the benchmarks measure the others against.
-#[btf_tracepoint(function = "sched_switch")]
-pub fn switch_floor(_ctx: BtfTracePointContext) -> u32 {
-    0
-}
-
 /// CPU accounting only, on `sched_switch(bool preempt, struct task_struct *prev,
 /// struct task_struct *next, unsigned int prev_state)`.
 #[btf_tracepoint(function = "sched_switch")]

@@ -482,6 +482,9 @@ pub enum ProgramChoice {
     /// For benchmarks only: an empty sched_switch program, the cost floor.
     #[value(hide = true)]
     Floor,
+    /// For benchmarks only: the least exact per-task CPU accounting on sched_switch.
+    #[value(hide = true)]
+    Least,
 }
 
 impl From<ProgramChoice> for crate::loader::ProgramGroup {
@@ -494,6 +497,7 @@ impl From<ProgramChoice> for crate::loader::ProgramGroup {
             ProgramChoice::Endpoints => Self::Endpoints,
             ProgramChoice::Waits => Self::Waits,
             ProgramChoice::Floor => Self::Floor,
+            ProgramChoice::Least => Self::Least,
         }
     }
 }

@@ -70,6 +70,9 @@ pub enum ProgramGroup {
     Net,
     /// For benchmarks only: an empty sched_switch program, the cost floor.
     Floor,
+    /// For benchmarks only: the least exact per-task CPU accounting on sched_switch (its own
+    /// maps; it measures nothing a user sees).
+    Least,
     /// Workers made and removed (cgroup_mkdir, cgroup_rmdir): exit summaries.
     Lifecycle,
     /// Bytes and network waits per remote endpoint, kept by the socket programs (with `Net`).
@@ -100,6 +103,7 @@ impl ProgramGroup {
             ProgramGroup::Delays => "delays",
             ProgramGroup::Net => "net",
             ProgramGroup::Floor => "floor",
+            ProgramGroup::Least => "least",
             ProgramGroup::Lifecycle => "workers",
             ProgramGroup::Endpoints => "endpoints",
             ProgramGroup::Waits => "waits",
@@ -114,6 +118,7 @@ impl ProgramGroup {
             ProgramGroup::Delays,
             ProgramGroup::Net,
             ProgramGroup::Floor,
+            ProgramGroup::Least,
             ProgramGroup::Lifecycle,
             ProgramGroup::Endpoints,
             ProgramGroup::Waits,

@@ -420,6 +420,16 @@ const FLOOR: &[Variant] = &[Variant {
     extras: &[],
 }];
 
+const LEAST: &[Variant] = &[Variant {
+    name: "tp_btf sched_switch (least per-task accounting)",
+    needs: &[Need::Tracepoint {
+        name: "sched_switch",
+        args: 3,
+    }],
+    programs: &[tp("switch_least", "sched_switch")],
+    extras: &[],
+}];
+
 /// The variants of a group, best first.
 pub fn variants(group: ProgramGroup) -> &'static [Variant] {
     match group {
@@ -431,6 +441,7 @@ pub fn variants(group: ProgramGroup) -> &'static [Variant] {
         ProgramGroup::Endpoints => &[],
         ProgramGroup::Waits => WAITS,
         ProgramGroup::Floor => FLOOR,
+        ProgramGroup::Least => LEAST,
         ProgramGroup::Processes => PROCESSES,
     }
 }
@@ -443,6 +454,7 @@ pub fn all_needs() -> Vec<Need> {
         ProgramGroup::Net,
         ProgramGroup::Lifecycle,
         ProgramGroup::Floor,
+        ProgramGroup::Least,
         ProgramGroup::Waits,
         ProgramGroup::Processes,
     ]
@@ -826,6 +838,7 @@ fn group_description(group: ProgramGroup) -> &'static str {
         ProgramGroup::Endpoints => "bytes and waits per remote endpoint (--programs endpoints)",
         ProgramGroup::Waits => "what each sleep waited on (--programs waits)",
         ProgramGroup::Floor => "the empty benchmark program",
+        ProgramGroup::Least => "the least-accounting benchmark program",
         ProgramGroup::Processes => "process workers (watch --processes)",
     }
 }
@@ -1114,6 +1127,10 @@ mod tests {
         assert_eq!(
             names(&Plan::new(&[ProgramGroup::Floor], &features)),
             ["switch_floor"]
+        );
+        assert_eq!(
+            names(&Plan::new(&[ProgramGroup::Least], &features)),
+            ["switch_least"]
         );
     }
 
