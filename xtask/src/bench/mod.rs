@@ -77,6 +77,15 @@ pub fn cpu_owner() -> String {
     format!("workerprobe --programs {FLOOR_AND_CPU}")
 }
 
+/// The per-event section's reference agent: the least exact per-task accounting on
+/// sched_switch (`switch_least`), what no design of the sched_switch programs gets under.
+const LEAST: &str = "least";
+
+/// Owner label of the reference agent.
+pub fn least_owner() -> String {
+    format!("workerprobe --programs {LEAST}")
+}
+
 /// The agent arguments for `groups` with no slots: every worker's counters and every
 /// endpoint's through the hash maps, as before the slots (the per-event section measures both
 /// in one window).
@@ -198,6 +207,9 @@ impl Results {
             if self.prog_ns(&cpu_owner(), name).is_none() {
                 bail!("the per-event section measured no runs of {name}");
             }
+        }
+        if self.prog_ns(&least_owner(), "switch_least").is_none() {
+            bail!("the per-event section measured no runs of switch_least");
         }
         if !self.prog_costs.iter().any(|p| p.owner == "bpftrace") {
             bail!("the per-event section found no bpftrace programs");
@@ -654,20 +666,24 @@ fn per_event_costs(
     with_bpftrace: bool,
     more_agents: &[String],
 ) -> Result<Vec<ProgCost>> {
-    // floor + cpu (the floor and the cpu-only sched_switch program), every group (whose
-    // sched_switch program may differ, e.g. `switch_full` when delays are on), then the
-    // variants a kernel may refuse.
-    let mut attachments: Vec<Attachment> = [FLOOR_AND_CPU.to_owned(), env.all_groups.clone()]
-        .into_iter()
-        .map(|groups| Attachment::Agent {
-            groups,
-            required: true,
-        })
-        .chain(more_agents.iter().map(|groups| Attachment::Agent {
-            groups: groups.clone(),
-            required: false,
-        }))
-        .collect();
+    // floor + cpu (the floor and the cpu-only sched_switch program), the least per-task
+    // accounting, every group (whose sched_switch program may differ, e.g. `switch_full` when
+    // delays are on), then the variants a kernel may refuse.
+    let mut attachments: Vec<Attachment> = [
+        FLOOR_AND_CPU.to_owned(),
+        LEAST.to_owned(),
+        env.all_groups.clone(),
+    ]
+    .into_iter()
+    .map(|groups| Attachment::Agent {
+        groups,
+        required: true,
+    })
+    .chain(more_agents.iter().map(|groups| Attachment::Agent {
+        groups: groups.clone(),
+        required: false,
+    }))
+    .collect();
     // bpftrace's script needs the socket-length tracepoints (6.3+): the VMs go without.
     if with_bpftrace {
         attachments.push(Attachment::Bpftrace);
