@@ -60,7 +60,7 @@ pub struct Move {
 
 /// Process id, or thread id with `LONE_THREAD` for a thread moved alone (threaded cgroups) →
 /// its last move. Recent moves only: a thread reads its entries at its next switch-out or
-/// wakeup.
+/// switch-in after a sleep.
 #[map]
 static MOVES: LruHashMap<u64, Move> = LruHashMap::with_max_entries(4096, 0);
 
@@ -110,7 +110,7 @@ pub fn switch_waits(ctx: BtfTracePointContext) -> u32 {
 /// `cgroup_attach_task(struct cgroup *dst_cgrp, const char *path, struct task_struct *task,
 /// bool threadgroup)`: a process (`threadgroup`, named by its leader) or one thread was moved
 /// to another cgroup. Rare. Only the move is noted: each of its threads splits what it did
-/// since it was last accounted at the move itself, at its own next switch-out or wakeup (the
+/// since it was last accounted at the move itself, at its own next switch-out or switch-in (the
 /// kernel names the leader only, and a thread's counters are written on its own CPU).
 #[btf_tracepoint(function = "cgroup_attach_task")]
 pub fn moved(ctx: BtfTracePointContext) -> u32 {
@@ -257,50 +257,63 @@ fn charge_sleep_before_move(
     before_ns
 }
 
-/// `sched_wakeup(struct task_struct *p)`: a sleeping task became runnable.
-#[btf_tracepoint(function = "sched_wakeup")]
-pub fn wakeup(ctx: BtfTracePointContext) -> u32 {
-    on_wakeup(ctx.arg(0));
-    0
-}
-
-/// `sched_wakeup_new(struct task_struct *p)`: a new task became runnable.
+/// `sched_wakeup_new(struct task_struct *p)`: a new task became runnable; its account starts
+/// now. Rare. Wakeups of sleeping tasks have no program: their sleeps end at the switch-in.
 #[btf_tracepoint(function = "sched_wakeup_new")]
 pub fn wakeup_new(ctx: BtfTracePointContext) -> u32 {
-    on_wakeup(ctx.arg(0));
+    let task: Task = ctx.arg(0);
+    let Some(state) = task::state(task) else {
+        count_drop(DROP_TASK_STATE);
+        return 0;
+    };
+    if state.flags & task::SEEN == 0 {
+        start_account(state, task);
+    }
     0
 }
 
-/// The sleep ends: its length goes to the task's cgroup at once (on this CPU's slot); it is
-/// runnable again.
+/// The incoming task's sleep, if it slept, ends: its length goes to the task's cgroup (on this
+/// CPU's slot); it is running again.
 ///
-/// Charged here rather than at the task's next switch-out, which may come much later (a
-/// thread that runs on after a wakeup) or after its parent has reaped it (a thread woken
-/// from its last sleep dies on a CPU it shares): either way a reader would see the sleep
-/// late. The scheduler set `sched_info.last_queued` to the wakeup time just before this
-/// tracepoint, so no clock is read here.
+/// Charged at the switch-in rather than at `sched_wakeup`: a program there ran at every
+/// wakeup, and the switch-in follows it by no more than the run-queue wait, with the wakeup's
+/// time still on the task: the scheduler set `sched_info.last_queued` to it and folds it
+/// into `run_delay` only after this tracepoint (and earlier only at a migration while queued,
+/// whose wait `run_delay` then holds: taken off here). No clock is read. Not at the next
+/// switch-out either, which may come much later (a thread that runs on) or after its parent
+/// has reaped it: a reader would see the sleep late.
+///
+/// A task moved to another cgroup while it slept has the part after the move measured to now,
+/// so its run-queue wait since the wakeup (µs as a rule) goes to the new cgroup's sleep.
 #[inline(always)]
-fn on_wakeup(task: Task) {
-    let Some(state) = task::state(task) else {
+fn switch_in(next: Task) {
+    let Some(state) = task::state(next) else {
         count_drop(DROP_TASK_STATE);
         return;
     };
     if state.flags & task::SEEN == 0 {
-        // A new task, or one asleep since before we attached: its account starts now.
-        start_account(state, task);
+        // First sight: its switch-out starts its account (see `on_switch`).
         return;
     }
-    let slept_ns = task::last_queued_ns(task).saturating_sub(state.slept_at_ns);
     let blocked_io = match state.state {
         BLOCKED_IO => true,
         SLEEPING => false,
-        _ => return, // woken before it got off the CPU
+        _ => return, // preempted, or woken before it got off the CPU
     };
+    let queued_at_ns = task::last_queued_ns(next);
+    if queued_at_ns == 0 {
+        // No wakeup time (not seen on these kernels): its switch-out rebuilds the sleep.
+        return;
+    }
+    let waited_ns = task::run_delay_ns(next).saturating_sub(state.accounted_run_delay_ns);
+    let slept_ns = queued_at_ns
+        .saturating_sub(waited_ns)
+        .saturating_sub(state.slept_at_ns);
     state.state = RUNNING;
     if crate::process::on() {
         crate::process::add_wait(state, slept_ns);
     }
-    charge_sleep(state, task, slept_ns, blocked_io);
+    charge_sleep(state, next, slept_ns, blocked_io);
     if state.reason == WAIT_NETWORK {
         // For the socket programs to charge to the peer when this call returns.
         if state.unclaimed_syscall != state.sleep_syscall {
@@ -340,7 +353,7 @@ fn charge_sleep(state: &mut TaskState, task: Task, mut slept_ns: u64, blocked_io
     stats.waits[reason] += 1;
 }
 
-/// Rare path: the task slept and ran again, but no `sched_wakeup` reached us (on 6.18, about
+/// Rare path: the task slept and ran again, but its switch-in did not reach us (on 6.18, about
 /// one sleep in a few hundred under load: the wakeup and the switch-in are hidden from every
 /// tracing program). It was woken when it joined the run queue: its arrival, less the wait the
 /// scheduler added to `run_delay` then. The sleep goes to its cgroup with this slice.
@@ -530,6 +543,10 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
         }
     };
 
+    if DELAYS && task::tid(next) != 0 {
+        switch_in(next);
+    }
+
     // The outgoing task. The idle task (tid 0) is node idle, not a worker.
     if task::tid(prev) == 0 {
         return;
@@ -573,7 +590,7 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     }
     if DELAYS {
         if state.state != RUNNING {
-            // Back on a CPU without a wakeup we saw.
+            // Back on a CPU without a switch-in we saw.
             recover_unseen_wakeup(state, prev);
         }
         go_off_cpu::<WAITS>(state, prev, voluntary, prev_state, slice_ns);
@@ -692,8 +709,8 @@ fn add_slice<const DELAYS: bool>(
     }
 }
 
-/// Rare path: sleeps not charged at a wakeup (no room for the cgroup then, or a wakeup the
-/// kernel hid, rebuilt at this switch-out).
+/// Rare path: sleeps not charged at their switch-in (no room for the cgroup then, or a
+/// switch-in the kernel hid, rebuilt at this switch-out).
 #[inline(never)]
 fn flush_pending(stats: &mut CpuStats, state: &mut TaskState) {
     stats.blocked_io_ns += state.pending_blocked_io_ns;

@@ -178,8 +178,8 @@ pub fn last_arrival_ns(task: Task) -> u64 {
     unsafe { field(task, TASK_SCHED_INFO_LAST_ARRIVAL_OFFSET.load()) }
 }
 
-/// rq clock when the task last became runnable (`sched_info.last_queued`): at a wakeup
-/// tracepoint, the moment of the wakeup.
+/// rq clock when the task last became runnable (`sched_info.last_queued`): at its switch-in,
+/// the moment of its wakeup (or of its move to this CPU's queue); 0 once it has arrived.
 #[inline(always)]
 pub fn last_queued_ns(task: Task) -> u64 {
     // SAFETY: as above.

@@ -63,7 +63,7 @@ pub enum ProgramGroup {
     /// On-CPU time and context switches (sched_switch).
     Cpu,
     /// Where off-CPU time went: run-queue wait, blocked on I/O, sleep (sched_switch with
-    /// per-task state, sched_wakeup, sched_wakeup_new). Includes `Cpu`.
+    /// per-task state, sched_wakeup_new). Includes `Cpu`.
     Delays,
     /// Socket bytes and calls (sock_send_length, sock_recv_length; fexit on sock_sendmsg and
     /// sock_recvmsg before Linux 6.3).

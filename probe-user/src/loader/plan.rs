@@ -173,14 +173,10 @@ const CPU: &[Variant] = &[
 ];
 
 const DELAYS: &[Variant] = &[Variant {
-    name: "tp_btf sched_switch, sched_wakeup, cgroup_attach_task",
+    name: "tp_btf sched_switch, cgroup_attach_task",
     needs: &[
         SCHED_SWITCH,
         ATTACH_TASK,
-        Need::Tracepoint {
-            name: "sched_wakeup",
-            args: 1,
-        },
         Need::Tracepoint {
             name: "sched_wakeup_new",
             args: 1,
@@ -190,7 +186,6 @@ const DELAYS: &[Variant] = &[Variant {
     ],
     programs: &[
         tp("switch_full", "sched_switch"),
-        tp("wakeup", "sched_wakeup"),
         tp("wakeup_new", "sched_wakeup_new"),
         tp("moved", "cgroup_attach_task"),
     ],
@@ -198,14 +193,10 @@ const DELAYS: &[Variant] = &[Variant {
 }];
 
 const WAITS: &[Variant] = &[Variant {
-    name: "tp_btf sched_switch with wait reasons, sched_wakeup, cgroup_attach_task",
+    name: "tp_btf sched_switch with wait reasons, cgroup_attach_task",
     needs: &[
         SCHED_SWITCH,
         ATTACH_TASK,
-        Need::Tracepoint {
-            name: "sched_wakeup",
-            args: 1,
-        },
         Need::Tracepoint {
             name: "sched_wakeup_new",
             args: 1,
@@ -215,7 +206,6 @@ const WAITS: &[Variant] = &[Variant {
     ],
     programs: &[
         tp("switch_waits", "sched_switch"),
-        tp("wakeup", "sched_wakeup"),
         tp("wakeup_new", "sched_wakeup_new"),
         tp("moved", "cgroup_attach_task"),
     ],
@@ -860,7 +850,6 @@ mod tests {
         };
         for (name, args) in [
             ("sched_switch", 4),
-            ("sched_wakeup", 1),
             ("sched_wakeup_new", 1),
             ("cgroup_mkdir", 2),
             ("cgroup_rmdir", 2),
@@ -986,7 +975,6 @@ mod tests {
                 "sock_rx_usplice",
                 "sock_send",
                 "switch_waits",
-                "wakeup",
                 "wakeup_new"
             ]
         );
@@ -1113,7 +1101,7 @@ mod tests {
                 &[ProgramGroup::Cpu, ProgramGroup::Delays],
                 &features
             )),
-            ["moved", "switch_full", "wakeup", "wakeup_new"]
+            ["moved", "switch_full", "wakeup_new"]
         );
         // Without run-queue accounting CPU time is measured on its own.
         let mut no_sched_info = features.clone();
@@ -1171,7 +1159,6 @@ mod tests {
                 "moved",
                 "process_exit",
                 "switch_full",
-                "wakeup",
                 "wakeup_new"
             ]
         );
