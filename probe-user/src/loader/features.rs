@@ -345,7 +345,7 @@ mod tests {
                 _ => {}
             }
         }
-        // sched_switch, sched_wakeup and more are in every kernel the agent runs on.
+        // sched_switch, sched_wakeup_new and more are in every kernel the agent runs on.
         assert!(found >= 5, "only {found} needs found");
     }
 
