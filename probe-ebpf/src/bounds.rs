@@ -3,7 +3,6 @@
 //! exactly per task must do there. Between them lies what no sched_switch design can save.
 
 use aya_ebpf::{
-    helpers::generated::bpf_task_storage_get,
     macros::{btf_map, btf_tracepoint, map},
     maps::PerCpuArray,
     programs::BtfTracePointContext,
@@ -12,6 +11,7 @@ use probe_common::cpu::LastSwitch;
 
 use crate::{
     local_storage::{LocalStorage, TASK_STORAGE},
+    sched::record_switch,
     task::{self, Task},
 };
 
@@ -45,9 +45,6 @@ static LEAST_LAST: PerCpuArray<LastSwitch> = PerCpuArray::with_max_entries(1, 0)
 #[map]
 static LEAST_SLOTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// `BPF_LOCAL_STORAGE_GET_F_CREATE`.
-const F_CREATE: u64 = 1;
-
 /// The least exact per-task CPU accounting on sched_switch: this CPU's last-switch record (for
 /// the slice still running), the outgoing task's storage (its runtime baseline and slot), and
 /// its slice added to that slot. `switch_cpu` does this and also finds the task's cgroup,
@@ -59,31 +56,11 @@ pub fn switch_least(ctx: BtfTracePointContext) -> u32 {
     let Some(last) = LEAST_LAST.get_ptr_mut(0) else {
         return 0;
     };
-    // SAFETY: per-CPU slot; preemption is off inside the tracepoint.
-    unsafe {
-        let since = *last;
-        *last = LastSwitch {
-            next_task: next as u64,
-            next_accounted_runtime_ns: task::sum_exec_runtime_ns(next),
-            switch_count: since.switch_count + 1,
-            next_tid: task::tid(next),
-            reserved: 0,
-        };
-    }
+    record_switch(last, next);
     if task::tid(prev) == 0 {
         return 0;
     }
-    // SAFETY: the map pointer is this task storage; `prev` is a BTF task pointer.
-    let value = unsafe {
-        bpf_task_storage_get(
-            LEAST_STATE.as_ptr(),
-            prev as *mut _,
-            core::ptr::null_mut(),
-            F_CREATE,
-        )
-    };
-    // SAFETY: the kernel returns a pointer to this task's value or null.
-    let Some(state) = (unsafe { (value as *mut LeastState).as_mut() }) else {
+    let Some(state) = LEAST_STATE.task_value(prev, true) else {
         return 0;
     };
     let runtime_ns = task::sum_exec_runtime_ns(prev);

@@ -4,6 +4,8 @@
 
 use core::ffi::c_void;
 
+use aya_ebpf::helpers::generated::bpf_task_storage_get;
+
 /// `BPF_MAP_TYPE_SK_STORAGE`.
 pub const SK_STORAGE: usize = 24;
 /// `BPF_MAP_TYPE_TASK_STORAGE`.
@@ -39,5 +41,27 @@ impl<V, const MAP_TYPE: usize> LocalStorage<V, MAP_TYPE> {
     #[inline(always)]
     pub fn as_ptr(&self) -> *mut c_void {
         self as *const Self as *mut c_void
+    }
+}
+
+/// `BPF_LOCAL_STORAGE_GET_F_CREATE`.
+const F_CREATE: u64 = 1;
+
+impl<V> LocalStorage<V, TASK_STORAGE> {
+    /// The task's value; with `create`, made (zeroed) if it has none. `None` when it has none
+    /// (or the kernel could not allocate, or the storage was busy on this CPU).
+    #[inline(always)]
+    pub fn task_value(&self, task: *const u8, create: bool) -> Option<&'static mut V> {
+        // SAFETY: the map pointer is this task storage; `task` is a BTF task pointer.
+        let value = unsafe {
+            bpf_task_storage_get(
+                self.as_ptr(),
+                task as *mut _,
+                core::ptr::null_mut(),
+                if create { F_CREATE } else { 0 },
+            )
+        };
+        // SAFETY: the kernel returns a pointer to this task's value or null.
+        unsafe { (value as *mut V).as_mut() }
     }
 }

@@ -358,7 +358,7 @@ fn charge_sleep(state: &mut TaskState, task: Task, mut slept_ns: u64, blocked_io
 /// tracing program). It was woken when it joined the run queue: its arrival, less the wait the
 /// scheduler added to `run_delay` then. The sleep goes to its cgroup with this slice.
 #[inline(never)]
-fn recover_unseen_wakeup(state: &mut TaskState, prev: Task) {
+fn recover_unseen_switch_in(state: &mut TaskState, prev: Task) {
     let waited_ns = task::run_delay_ns(prev).saturating_sub(state.accounted_run_delay_ns);
     let woken_at_ns = task::last_arrival_ns(prev).saturating_sub(waited_ns);
     let slept_ns = woken_at_ns.saturating_sub(state.slept_at_ns);
@@ -531,17 +531,7 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     let Some(last) = LAST_SWITCH.get_ptr_mut(0) else {
         return;
     };
-    // SAFETY: per-CPU slot; preemption is off inside the tracepoint.
-    let since = unsafe { *last };
-    unsafe {
-        *last = LastSwitch {
-            next_task: next as u64,
-            next_accounted_runtime_ns: task::sum_exec_runtime_ns(next),
-            switch_count: since.switch_count + 1,
-            next_tid: task::tid(next),
-            reserved: 0,
-        }
-    };
+    let since = record_switch(last, next);
 
     if DELAYS && task::tid(next) != 0 {
         switch_in(next);
@@ -591,7 +581,7 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     if DELAYS {
         if state.state != RUNNING {
             // Back on a CPU without a switch-in we saw.
-            recover_unseen_wakeup(state, prev);
+            recover_unseen_switch_in(state, prev);
         }
         go_off_cpu::<WAITS>(state, prev, voluntary, prev_state, slice_ns);
     }
@@ -605,6 +595,23 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
         unsafe { add_slice::<DELAYS>(&mut *stats, state, prev, slice_ns, voluntary) };
     } else {
         count_drop(DROP_CPU_STATS);
+    }
+}
+
+/// Writes this CPU's switch to `next` over `last` (a per-CPU value); returns the switch before.
+#[inline(always)]
+pub(crate) fn record_switch(last: *mut LastSwitch, next: Task) -> LastSwitch {
+    // SAFETY: this CPU's value; preemption is off inside the tracepoint.
+    unsafe {
+        let since = *last;
+        *last = LastSwitch {
+            next_task: next as u64,
+            next_accounted_runtime_ns: task::sum_exec_runtime_ns(next),
+            switch_count: since.switch_count + 1,
+            next_tid: task::tid(next),
+            reserved: 0,
+        };
+        since
     }
 }
 

@@ -6,10 +6,7 @@
 
 use aya_ebpf::{
     Global,
-    helpers::{
-        bpf_probe_read_kernel,
-        generated::{bpf_task_pt_regs, bpf_task_storage_get},
-    },
+    helpers::{bpf_probe_read_kernel, generated::bpf_task_pt_regs},
     macros::btf_map,
 };
 
@@ -412,38 +409,15 @@ pub const SLEEPING: u32 = 2;
 #[btf_map]
 static TASK_STATE: LocalStorage<TaskState, TASK_STORAGE> = LocalStorage::new();
 
-/// `BPF_LOCAL_STORAGE_GET_F_CREATE`.
-const F_CREATE: u64 = 1;
-
 /// The task's state if it has one (never made here: for programs off the scheduler path).
 #[inline(always)]
 pub fn existing_state(task: Task) -> Option<&'static mut TaskState> {
-    // SAFETY: as in `state`, without F_CREATE.
-    let value = unsafe {
-        bpf_task_storage_get(
-            TASK_STATE.as_ptr(),
-            task as *mut _,
-            core::ptr::null_mut(),
-            0,
-        )
-    };
-    // SAFETY: the kernel returns a pointer to this task's value or null.
-    unsafe { (value as *mut TaskState).as_mut() }
+    TASK_STATE.task_value(task, false)
 }
 
 /// The task's state, made (zeroed) if it has none; `None` only when the kernel could not
 /// allocate or the storage was busy on this CPU.
 #[inline(always)]
 pub fn state(task: Task) -> Option<&'static mut TaskState> {
-    // SAFETY: the map pointer is our task storage; `task` is a BTF task pointer.
-    let value = unsafe {
-        bpf_task_storage_get(
-            TASK_STATE.as_ptr(),
-            task as *mut _,
-            core::ptr::null_mut(),
-            F_CREATE,
-        )
-    };
-    // SAFETY: the kernel returns a pointer to this task's value or null.
-    unsafe { (value as *mut TaskState).as_mut() }
+    TASK_STATE.task_value(task, true)
 }
