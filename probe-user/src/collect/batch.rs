@@ -47,6 +47,11 @@ impl<K: Copy, V: Copy> PerCpuEntries<K, V> {
         }
     }
 
+    /// Values per key.
+    pub fn cpus(&self) -> usize {
+        self.cpus
+    }
+
     /// How many entries the last read found.
     pub fn len(&self) -> usize {
         self.keys.len()
@@ -135,7 +140,12 @@ unsafe fn read_into<K: Copy, V: Copy>(
     if max_keys == 0 {
         return Ok(());
     }
-    let mut chunk = 1024usize.min(max_keys);
+    // An array's reads ask for what they want in one call; a hash's in chunks.
+    let mut chunk = if max_keys == usize::MAX {
+        1024
+    } else {
+        max_keys.min(1 << 16)
+    };
     let mut in_token = 0u64;
     let mut first = true;
     loop {

@@ -90,8 +90,9 @@ pub struct KernelCollector {
     cpu_stats: PerCpuHashMap<MapData, u64, CpuStats>,
     /// The fast path's slots (absent from an older pin set).
     cpu_slots: Option<SlotMaps<SlotCounters>>,
-    /// Socket counters per CPU of the workers with slots, from the last read of the slots.
-    slot_net: Vec<(u64, Vec<NetStats>)>,
+    /// Socket counters of the workers with slots, summed over CPUs, from the last read of the
+    /// slots.
+    slot_net: Vec<(u64, NetStats)>,
     net_stats: PerCpuHashMap<MapData, u64, NetStats>,
     /// The last read of `net_stats`, its buffers kept for the next (a fresh one each
     /// sample was an allocation the size of the whole batch, mapped and unmapped).
@@ -349,7 +350,7 @@ impl Source for KernelCollector {
         read_all_into(&self.net_stats, &mut self.net_entries)?;
         let slot_net = slot_net
             .iter()
-            .map(|(cgroup_id, per_cpu)| (*cgroup_id, per_cpu.as_slice()));
+            .map(|(cgroup_id, net)| (*cgroup_id, std::slice::from_ref(net)));
         for (cgroup_id, per_cpu) in self.net_entries.iter().chain(slot_net) {
             if self.finished_ids.contains(&cgroup_id) {
                 // Bytes of a worker already summarised: freed, not shown as a new worker.
@@ -791,8 +792,14 @@ impl KernelCollector {
                             entry.insert(cpu.collect());
                         }
                     }
-                    self.slot_net
-                        .push((cgroup_id, per_cpu.iter().map(|s| s.net).collect()));
+                    // Summed over CPUs here: no vector per worker.
+                    let mut net = NetStats::default();
+                    for on_cpu in per_cpu {
+                        for (sum, add) in net.families.iter_mut().zip(&on_cpu.net.families) {
+                            sum.add(add);
+                        }
+                    }
+                    self.slot_net.push((cgroup_id, net));
                 }
             }
             let mut running = Vec::new();
@@ -882,24 +889,19 @@ impl KernelCollector {
     /// that one was read; its full length arrives in the sample after. Reporting at least
     /// what was reported before keeps every counter monotonic without counting twice.
     fn never_go_backwards(&mut self, sample: &mut Sample) {
-        let mut reported = std::collections::HashMap::with_capacity(self.reported_on_cpu_ns.len());
+        // Updated in place: a new map and a vector per worker each sample cost the agent
+        // a thousand allocations a second at a thousand workers.
+        self.reported_on_cpu_ns
+            .retain(|cgroup_id, _| sample.workers.contains_key(cgroup_id));
         for (&cgroup_id, worker) in sample.workers.iter_mut() {
-            let before = self.reported_on_cpu_ns.get(&cgroup_id);
-            for (cpu, on_cpu) in worker.cpu_per_cpu.iter_mut().enumerate() {
-                if let Some(&floor) = before.and_then(|b| b.get(cpu)) {
-                    on_cpu.on_cpu_ns = on_cpu.on_cpu_ns.max(floor);
-                }
+            let reported = self.reported_on_cpu_ns.entry(cgroup_id).or_default();
+            // A CPU not reported before has no floor (0).
+            reported.resize(worker.cpu_per_cpu.len(), 0);
+            for (on_cpu, floor) in worker.cpu_per_cpu.iter_mut().zip(reported.iter_mut()) {
+                on_cpu.on_cpu_ns = on_cpu.on_cpu_ns.max(*floor);
+                *floor = on_cpu.on_cpu_ns;
             }
-            reported.insert(
-                cgroup_id,
-                worker
-                    .cpu_per_cpu
-                    .iter()
-                    .map(|c| c.on_cpu_ns)
-                    .collect::<Vec<_>>(),
-            );
         }
-        self.reported_on_cpu_ns = reported;
     }
 
     fn read_drops(&self) -> anyhow::Result<Drops> {

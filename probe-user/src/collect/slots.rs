@@ -49,11 +49,20 @@ pub struct SlotMaps<V: SlotValue> {
     counters: PerCpuArray<MapData, V>,
     slot_of: HashMap<MapData, V::Owner, u64>,
     free: Stack<MapData, u32>,
-    /// The last read of `slot_of`, its buffers kept for the next.
-    owners: PerCpuEntries<V::Owner, u64>,
-    /// The last read of `counters`, likewise.
+    /// One past the highest slot in use at the last read: the next read goes this far and
+    /// [`LOOKAHEAD`] beyond.
+    in_use_end: usize,
+    /// The last read of `counters`, its buffers kept for the next.
     slots: PerCpuEntries<u32, V>,
+    /// Each slot in use at the last read, and its owner.
+    owners: Vec<(V::Owner, u32)>,
 }
+
+/// How many unused slots in a row past the last one in use end a read. Fresh slots are
+/// handed out lowest first (see the loader's `free_every_slot`), so the slots in use beyond
+/// the last read's end are a run from it, but for a slot popped and pushed back by a CPU that
+/// lost a race to name an owner: gaps of a few slots, one per racing CPU at most.
+const LOOKAHEAD: usize = 64;
 
 impl<V: SlotValue> SlotMaps<V> {
     /// The three maps; `None` from a pin set made before they existed.
@@ -67,44 +76,41 @@ impl<V: SlotValue> SlotMaps<V> {
             counters: PerCpuArray::try_from(counters?).ok()?,
             slot_of: HashMap::try_from(slot_of?).ok()?,
             free: Stack::try_from(free?).ok()?,
-            owners: PerCpuEntries::new(1),
+            in_use_end: 0,
             slots: PerCpuEntries::new(cpus),
+            owners: Vec::new(),
         })
     }
 
-    /// Every owner with a slot, and its counters per CPU (zeros on a CPU where the slot is
-    /// not yet the owner's). Read into buffers kept for the next read.
+    /// Every owner with a slot, and its counters per CPU. Read into buffers kept for the
+    /// next read.
+    ///
+    /// The slots name their owners: a program names the owner in a slot's value on a CPU
+    /// at its first use there, and user space zeroes every CPU's value when it gives the slot
+    /// back. So the array alone says whose each slot is, and the owners' hash (a thousand
+    /// entries at a thousand workers) need not be read each sample.
     pub fn read(&mut self) -> anyhow::Result<impl Iterator<Item = (V::Owner, &[V])>> {
-        let fd = self.slot_of.map().fd().as_fd();
-        // SAFETY: a plain hash of Pod owner keys and u64 values: one 8-byte value per key.
-        unsafe { super::batch::read_first(fd, usize::MAX, &mut self.owners) }
-            .context("reading a slot map's owners")?;
-        let highest = self
-            .owners
-            .iter()
-            .filter_map(|(_, slot)| slot.first())
-            .max();
-        // Read up to the highest slot in use: the stack hands out low slots first and takes
-        // given-back ones on top (see the loader's `free_every_slot`), so they stay low.
-        let wanted = highest.map_or(0, |highest| *highest as usize + 1);
-        let fd = self.counters.map().fd().as_fd();
-        // SAFETY: a per-CPU array of V, u32 keys.
-        unsafe { super::batch::read_first(fd, wanted, &mut self.slots) }
-            .context("reading a slot array")?;
-        // A CPU where the slot does not name its owner yet counts nothing for it.
-        for (owner, slot) in self.owners.iter() {
-            let per_cpu = slot
-                .first()
-                .and_then(|slot| self.slots.get_mut(*slot as usize));
-            for on_cpu in per_cpu.into_iter().flatten() {
-                if on_cpu.owner() != owner {
-                    *on_cpu = V::default();
-                }
+        let capacity = self.counters.len() as usize;
+        let lookahead = LOOKAHEAD.max(2 * self.slots.cpus());
+        let mut wanted = (self.in_use_end + lookahead).min(capacity);
+        loop {
+            let fd = self.counters.map().fd().as_fd();
+            // SAFETY: a per-CPU array of V, u32 keys.
+            unsafe { super::batch::read_first(fd, wanted, &mut self.slots) }
+                .context("reading a slot array")?;
+            let slot_of = &self.slot_of;
+            self.in_use_end = name_owners(&mut self.slots, &mut self.owners, |owner| {
+                slot_of.get(owner, 0).ok()
+            });
+            // Slots in use up to the lookahead's end may go on past it: read further.
+            if wanted >= capacity || self.in_use_end + lookahead <= wanted {
+                break;
             }
+            wanted = (self.in_use_end + lookahead).min(capacity);
         }
         let slots = &self.slots;
-        Ok(self.owners.iter().filter_map(move |(owner, slot)| {
-            let (_, per_cpu) = slots.get(*slot.first()? as usize)?;
+        Ok(self.owners.iter().filter_map(move |&(owner, slot)| {
+            let (_, per_cpu) = slots.get(slot as usize)?;
             Some((owner, per_cpu))
         }))
     }
@@ -138,6 +144,49 @@ impl<V: SlotValue> SlotMaps<V> {
     }
 }
 
+/// Lists in `owners` each slot of `slots` that names an owner, zeroes its values on any CPU
+/// naming another, and returns one past the highest slot listed. Where CPUs name different
+/// owners (rare: a program named the slot's last owner on a CPU as user space gave it back),
+/// the owner is the one `slot_of` (the owners' hash) places there.
+fn name_owners<V: SlotValue>(
+    slots: &mut PerCpuEntries<u32, V>,
+    owners: &mut Vec<(V::Owner, u32)>,
+    slot_of: impl Fn(&V::Owner) -> Option<u64>,
+) -> usize {
+    owners.clear();
+    let unused = V::Owner::default();
+    let mut end = 0;
+    for slot in 0..slots.len() {
+        let Some(per_cpu) = slots.get_mut(slot) else {
+            break;
+        };
+        let mut named = per_cpu
+            .iter()
+            .map(SlotValue::owner)
+            .filter(|owner| *owner != unused);
+        let Some(first) = named.next() else {
+            continue;
+        };
+        let owner = if named.all(|owner| owner == first) {
+            first
+        } else {
+            per_cpu
+                .iter()
+                .map(SlotValue::owner)
+                .find(|owner| *owner != unused && slot_of(owner) == Some(slot as u64))
+                .unwrap_or(first)
+        };
+        for on_cpu in per_cpu.iter_mut() {
+            if on_cpu.owner() != owner {
+                *on_cpu = V::default();
+            }
+        }
+        owners.push((owner, slot as u32));
+        end = slot + 1;
+    }
+    end
+}
+
 /// The slot's counters on each CPU where `owner` owns it; zeros elsewhere.
 fn owned_by<V: SlotValue>(owner: V::Owner, per_cpu: &[V]) -> Vec<V> {
     per_cpu
@@ -150,4 +199,68 @@ fn owned_by<V: SlotValue>(owner: V::Owner, per_cpu: &[V]) -> Vec<V> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(cgroup_id: u64, on_cpu_ns: u64) -> SlotCounters {
+        let mut slot = SlotCounters {
+            cgroup_id,
+            ..SlotCounters::default()
+        };
+        slot.stats.on_cpu_ns = on_cpu_ns;
+        slot
+    }
+
+    fn read(values: &[[SlotCounters; 2]]) -> PerCpuEntries<u32, SlotCounters> {
+        let mut slots = PerCpuEntries::new(2);
+        for (slot, per_cpu) in values.iter().enumerate() {
+            slots.push(slot as u32, per_cpu);
+        }
+        slots
+    }
+
+    #[test]
+    fn each_slot_is_the_owner_its_values_name_and_unused_ones_are_skipped() {
+        let unused = SlotCounters::default();
+        // Slot 1 is a gap (a slot popped and pushed back by a CPU that lost a race); slot 3
+        // is past the last one in use.
+        let mut slots = read(&[
+            [named(7, 10), unused],
+            [unused, unused],
+            [unused, named(9, 30)],
+            [unused, unused],
+        ]);
+        let mut owners = Vec::new();
+        let end = name_owners(&mut slots, &mut owners, |_| None);
+        assert_eq!(owners, vec![(7, 0), (9, 2)]);
+        assert_eq!(end, 3);
+        assert_eq!(slots.get(2).unwrap().1[1].stats.on_cpu_ns, 30);
+    }
+
+    #[test]
+    fn a_late_write_of_the_last_owner_goes_to_whoever_the_hash_says() {
+        // Slot 0 names 5 (given back) on CPU 0 and 6 (its owner now) on CPU 1.
+        let mut slots = read(&[[named(5, 100), named(6, 20)]]);
+        let mut owners = Vec::new();
+        let end = name_owners(&mut slots, &mut owners, |owner| (*owner == 6).then_some(0));
+        assert_eq!(owners, vec![(6, 0)]);
+        assert_eq!(end, 1);
+        let per_cpu = slots.get(0).unwrap().1;
+        assert_eq!(
+            per_cpu[0].stats.on_cpu_ns, 0,
+            "the last owner's write is dropped"
+        );
+        assert_eq!(per_cpu[1].stats.on_cpu_ns, 20);
+    }
+
+    #[test]
+    fn nothing_in_use_ends_at_zero() {
+        let mut slots = read(&[[SlotCounters::default(); 2]]);
+        let mut owners = vec![(1, 1)];
+        assert_eq!(name_owners(&mut slots, &mut owners, |_| None), 0);
+        assert!(owners.is_empty());
+    }
 }
