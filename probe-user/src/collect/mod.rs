@@ -105,6 +105,8 @@ pub struct KernelCollector {
     /// every endpoint update comes with a socket call, so while the calls stand still the
     /// endpoints do too, and the read (a scan of the map's every bucket) is skipped.
     endpoints_read_at_calls: std::collections::HashMap<u64, u64>,
+    /// The calls of this sample, its buffer kept for the next.
+    calls_now: std::collections::HashMap<u64, u64>,
     last_endpoints: Vec<EndpointDelta>,
     /// Process workers' endpoints and their counts (absent from a pinned set).
     process_endpoint_maps: Option<ProcessEndpointMaps>,
@@ -282,6 +284,7 @@ impl KernelCollector {
             endpoint_counts,
             endpoint_slots,
             endpoints_read_at_calls: std::collections::HashMap::new(),
+            calls_now: std::collections::HashMap::new(),
             last_endpoints: Vec::new(),
             process_endpoint_maps,
             process_endpoints: None,
@@ -345,13 +348,15 @@ impl Source for KernelCollector {
         for (cgroup_id, per_cpu) in cpu_per_worker {
             sample.workers.entry(cgroup_id).or_default().cpu_per_cpu = per_cpu;
         }
-        let mut calls = std::collections::HashMap::new();
+        // Buffers kept from one sample to the next.
+        let mut calls = std::mem::take(&mut self.calls_now);
+        calls.clear();
         let slot_net = std::mem::take(&mut self.slot_net);
         read_all_into(&self.net_stats, &mut self.net_entries)?;
-        let slot_net = slot_net
+        let slot_net_per_cpu = slot_net
             .iter()
             .map(|(cgroup_id, net)| (*cgroup_id, std::slice::from_ref(net)));
-        for (cgroup_id, per_cpu) in self.net_entries.iter().chain(slot_net) {
+        for (cgroup_id, per_cpu) in self.net_entries.iter().chain(slot_net_per_cpu) {
             if self.finished_ids.contains(&cgroup_id) {
                 // Bytes of a worker already summarised: freed, not shown as a new worker.
                 let _ = self.net_stats.remove(&cgroup_id);
@@ -363,24 +368,28 @@ impl Source for KernelCollector {
                     sum.add(add);
                 }
             }
-            let worker_calls: u64 = net
-                .families
-                .iter()
-                .map(|f| f.sent_calls + f.received_calls)
-                .sum();
-            calls.insert(cgroup_id, worker_calls);
+            if self.measured.endpoints {
+                let worker_calls: u64 = net
+                    .families
+                    .iter()
+                    .map(|f| f.sent_calls + f.received_calls)
+                    .sum();
+                calls.insert(cgroup_id, worker_calls);
+            }
         }
+        self.slot_net = slot_net;
         if self.measured.endpoints {
             // Read after the calls: a call in between is in both by the next read.
             if calls != self.endpoints_read_at_calls {
                 self.last_endpoints = self.read_endpoints()?;
-                self.endpoints_read_at_calls = calls;
+                std::mem::swap(&mut self.endpoints_read_at_calls, &mut calls);
             }
             for endpoint in &self.last_endpoints {
                 let worker = sample.workers.entry(endpoint.key.cgroup_id).or_default();
                 worker.endpoints.push(endpoint.clone());
             }
         }
+        self.calls_now = calls;
         for (cgroup_id, worker) in sample.workers.iter_mut() {
             // An unknown id walks the hierarchy: at most once every two seconds, for all of them.
             worker.path = self.cgroups.resolve(*cgroup_id);

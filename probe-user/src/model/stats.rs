@@ -348,6 +348,7 @@ fn worker_delta(
         total_cpu_ns: now.on_cpu_ns(),
         total_sent_bytes: now.net.families.iter().map(|f| f.sent_bytes).sum(),
         total_received_bytes: now.net.families.iter().map(|f| f.received_bytes).sum(),
+        cpu_ns_per_cpu: Vec::with_capacity(now.cpu_per_cpu.len()),
         ..WorkerStats::default()
     };
     for (cpu, counters) in now.cpu_per_cpu.iter().enumerate() {
