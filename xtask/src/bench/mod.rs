@@ -140,6 +140,9 @@ pub struct AgentCost {
     pub seconds: f64,
 }
 
+/// Windows of the agent-cost section per worker count (its figure is their median).
+pub const AGENT_COST_WINDOWS: usize = 3;
+
 /// Everything measured, for the report.
 pub struct Results {
     /// Run parameters.
@@ -359,16 +362,15 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         &[10, 100, 1000]
     };
     let (warm, window) = if args.smoke { (1.0, 2.0) } else { (3.0, 20.0) };
+    // The median of a few windows, each with the agent started afresh: one window on a busy
+    // host read 0.70% and then 1.05% for the same agent.
+    let windows = if args.smoke { 1 } else { AGENT_COST_WINDOWS };
     for &n in counts {
-        results.agent_cost.push(agent_cost(
-            &env,
-            &runner,
-            &bench_cgroup,
-            n,
-            warm,
-            window,
-            &[],
-        )?);
+        let mut runs = (0..windows)
+            .map(|_| agent_cost(&env, &runner, &bench_cgroup, n, warm, window, &[]))
+            .collect::<Result<Vec<_>>>()?;
+        runs.sort_by(|a, b| a.cpu_percent.total_cmp(&b.cpu_percent));
+        results.agent_cost.push(runs.swap_remove(runs.len() / 2));
     }
     drop(bpf_stats);
     drop(bench_cgroup);

@@ -388,8 +388,11 @@ fn agent_cost_section(out: &mut String, r: &Results) {
         out,
         "`workerprobe top --interval 1s > /dev/null` with N active worker cgroups (one process \
          each, ~1 ms of CPU every second); CPU is user+system of the agent process over the \
-         window after a warm-up; RSS is VmRSS at the end of the window (the running agent), \
-         peak RSS is VmHWM (it includes loading, when the kernel's BTF is parsed).\n"
+         window after a warm-up, the median of {} windows, each with the agent started afresh \
+         (RSS and peak RSS are that window's); RSS is VmRSS at the end of the window (the \
+         running agent), peak RSS is VmHWM (it includes loading, when the kernel's BTF is \
+         parsed).\n",
+        super::AGENT_COST_WINDOWS
     );
     let _ = writeln!(
         out,
@@ -674,16 +677,13 @@ fn targets(r: &Results) -> Vec<Target> {
                 "{:.2} ms of CPU per interval for {} workers active in each. By perf on this \
                  hybrid host, where v1 holds the memory controller: about a fifth the process \
                  walk (a task iterator visits every task on the host and sums each process's \
-                 resident pages by cgroup, read in one call), a sixth reading the slots (the \
-                 hash of their owners, then the per-CPU counters of those in use, in batches), \
-                 a tenth turning counters into intervals, a fourteenth each worker's memory \
-                 from the walk (mostly the v1 memory cgroup of the process the walk names, read \
-                 from /proc every 30 s, to look for one of the worker's own); the rest the \
-                 table and the registry. The owners' hash changes only when a worker takes a \
-                 slot: a count of takes kept by the programs would spare most of its reads (the \
-                 free stack's top would not: two CPUs racing to take a slot for one worker pop \
-                 two and push one back). This is the agent with every \
-                 group; with CPU time alone, a cgroup iterator reads every cgroup's per-CPU \
+                 resident pages by cgroup, read in one call), a tenth reading the slots (the \
+                 per-CPU counters of those in use, in one call: each slot names its owner on \
+                 each CPU, so the hash of their owners is not read), a tenth turning counters \
+                 into intervals, a tenth each worker's memory from the walk (mostly the v1 \
+                 memory cgroup of the process the walk names, read from /proc every 30 s, to \
+                 look for one of the worker's own); the rest the table and the registry. This \
+                 is the agent with every group; with CPU time alone, a cgroup iterator reads every cgroup's per-CPU \
                  times in one walk instead. Where cgroup2 has the memory controller, a cgroup \
                  walk reads every cgroup's memory counters instead (§7 measures it against the \
                  files in the VMs, on pure cgroup2).",
