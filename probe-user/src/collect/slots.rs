@@ -102,11 +102,13 @@ impl<V: SlotValue> SlotMaps<V> {
             self.in_use_end = name_owners(&mut self.slots, &mut self.owners, |owner| {
                 slot_of.get(owner, 0).ok()
             });
-            // Slots in use up to the lookahead's end may go on past it: read further.
+            // Slots in use up to the lookahead's end may go on past it: read further, twice
+            // as far at least, so a burst of new workers costs a few reads, not one per
+            // lookahead.
             if wanted >= capacity || self.in_use_end + lookahead <= wanted {
                 break;
             }
-            wanted = (self.in_use_end + lookahead).min(capacity);
+            wanted = (self.in_use_end + lookahead).max(2 * wanted).min(capacity);
         }
         let slots = &self.slots;
         Ok(self.owners.iter().filter_map(move |&(owner, slot)| {
