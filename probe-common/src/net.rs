@@ -77,6 +77,15 @@ pub struct NetStats {
 
 const _: () = assert!(core::mem::size_of::<NetStats>() == 128);
 
+impl NetStats {
+    /// Adds `other`'s counts to these, family by family (user space sums CPUs and workers).
+    pub fn add(&mut self, other: &NetStats) {
+        for (sum, add) in self.families.iter_mut().zip(&other.families) {
+            sum.add(add);
+        }
+    }
+}
+
 #[cfg(feature = "user")]
 // SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.
 unsafe impl aya::Pod for FamilyCounters {}

@@ -364,9 +364,7 @@ impl Source for KernelCollector {
             }
             let net = &mut sample.workers.entry(cgroup_id).or_default().net;
             for on_cpu in per_cpu.iter() {
-                for (sum, add) in net.families.iter_mut().zip(&on_cpu.families) {
-                    sum.add(add);
-                }
+                net.add(on_cpu);
             }
             if self.measured.endpoints {
                 let worker_calls: u64 = net
@@ -522,9 +520,7 @@ impl KernelCollector {
         let slotted_net = slotted.map(|per_cpu| per_cpu.iter().map(|slot| slot.net).collect());
         for per_cpu in [net, slotted_net].into_iter().flatten() {
             for on_cpu in &per_cpu {
-                for (sum, add) in worker.net.families.iter_mut().zip(&on_cpu.families) {
-                    sum.add(add);
-                }
+                worker.net.add(on_cpu);
             }
         }
         if self.measured.endpoints {
@@ -552,12 +548,16 @@ impl KernelCollector {
         let Some(slots) = self.endpoint_slots.as_mut() else {
             return Vec::new();
         };
-        let owners = slots.read_all().unwrap_or_default();
-        owners
-            .into_iter()
-            .filter(|(key, _)| key.cgroup_id == cgroup_id)
-            .filter_map(|(key, _)| slots.slot_of(key))
-            .collect()
+        slots.slots_in_use().map_or_else(
+            |_| Vec::new(),
+            |in_use| {
+                in_use
+                    .iter()
+                    .filter(|(key, _)| key.cgroup_id == cgroup_id)
+                    .map(|&(_, slot)| slot)
+                    .collect()
+            },
+        )
     }
 
     /// Frees what the programs keep for a removed cgroup no one reports on (its slot, its
@@ -804,9 +804,7 @@ impl KernelCollector {
                     // Summed over CPUs here: no vector per worker.
                     let mut net = NetStats::default();
                     for on_cpu in per_cpu {
-                        for (sum, add) in net.families.iter_mut().zip(&on_cpu.net.families) {
-                            sum.add(add);
-                        }
+                        net.add(&on_cpu.net);
                     }
                     self.slot_net.push((cgroup_id, net));
                 }

@@ -90,6 +90,22 @@ impl<V: SlotValue> SlotMaps<V> {
     /// back. So the array alone says whose each slot is, and the owners' hash (a thousand
     /// entries at a thousand workers) need not be read each sample.
     pub fn read(&mut self) -> anyhow::Result<impl Iterator<Item = (V::Owner, &[V])>> {
+        self.refresh()?;
+        let slots = &self.slots;
+        Ok(self.owners.iter().filter_map(move |&(owner, slot)| {
+            let (_, per_cpu) = slots.get(slot as usize)?;
+            Some((owner, per_cpu))
+        }))
+    }
+
+    /// Every owner with a slot, and its slot.
+    pub fn slots_in_use(&mut self) -> anyhow::Result<&[(V::Owner, u32)]> {
+        self.refresh()?;
+        Ok(&self.owners)
+    }
+
+    /// Reads the array up to past the last slot in use, and lists whose each slot is.
+    fn refresh(&mut self) -> anyhow::Result<()> {
         let capacity = self.counters.len() as usize;
         let lookahead = LOOKAHEAD.max(2 * self.slots.cpus());
         let mut wanted = (self.in_use_end + lookahead).min(capacity);
@@ -110,11 +126,7 @@ impl<V: SlotValue> SlotMaps<V> {
             }
             wanted = (self.in_use_end + lookahead).max(2 * wanted).min(capacity);
         }
-        let slots = &self.slots;
-        Ok(self.owners.iter().filter_map(move |&(owner, slot)| {
-            let (_, per_cpu) = slots.get(slot as usize)?;
-            Some((owner, per_cpu))
-        }))
+        Ok(())
     }
 
     /// Every owner with a slot and its counters per CPU, copied out.
@@ -178,11 +190,7 @@ fn name_owners<V: SlotValue>(
                 .find(|owner| *owner != unused && slot_of(owner) == Some(slot as u64))
                 .unwrap_or(first)
         };
-        for on_cpu in per_cpu.iter_mut() {
-            if on_cpu.owner() != owner {
-                *on_cpu = V::default();
-            }
-        }
+        keep_owned(owner, per_cpu);
         owners.push((owner, slot as u32));
         end = slot + 1;
     }
@@ -191,16 +199,18 @@ fn name_owners<V: SlotValue>(
 
 /// The slot's counters on each CPU where `owner` owns it; zeros elsewhere.
 fn owned_by<V: SlotValue>(owner: V::Owner, per_cpu: &[V]) -> Vec<V> {
-    per_cpu
-        .iter()
-        .map(|on_cpu| {
-            if on_cpu.owner() == owner {
-                *on_cpu
-            } else {
-                V::default()
-            }
-        })
-        .collect()
+    let mut owned = per_cpu.to_vec();
+    keep_owned(owner, &mut owned);
+    owned
+}
+
+/// Zeroes the slot's values on each CPU where it does not name `owner`.
+fn keep_owned<V: SlotValue>(owner: V::Owner, per_cpu: &mut [V]) {
+    for on_cpu in per_cpu.iter_mut() {
+        if on_cpu.owner() != owner {
+            *on_cpu = V::default();
+        }
+    }
 }
 
 #[cfg(test)]

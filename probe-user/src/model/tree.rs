@@ -194,9 +194,7 @@ impl WorkerCounters {
         for (sum, add) in self.cpu_per_cpu.iter_mut().zip(&other.cpu_per_cpu) {
             sum.add(add);
         }
-        for (sum, add) in self.net.families.iter_mut().zip(&other.net.families) {
-            sum.add(add);
-        }
+        self.net.add(&other.net);
         // One entry per remote endpoint, whichever descendant talked to it: a holder that
         // lives long keeps a bounded list.
         for add in &other.endpoints {
