@@ -5,7 +5,7 @@
 //! wake-up.
 
 use std::{
-    os::fd::AsRawFd as _,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -32,8 +32,8 @@ use crate::{
 /// the ring then fills and counts its drops, which the agent reports. The queue grows only
 /// as far as it is used (a preallocated one would cost its whole size in resident memory).
 const QUEUE_EVENTS: usize = 262_144;
-/// How long the reader waits for a wake-up before it looks whether the agent still wants it.
-const WAKE_EVERY: Duration = Duration::from_millis(100);
+/// How long a reader whose queue is full waits before it looks again for room.
+const FULL_WAIT: Duration = Duration::from_millis(100);
 
 /// One cgroup event as the ring told it, path decoded.
 #[derive(Clone, Debug)]
@@ -50,20 +50,23 @@ pub struct RingEvent {
     pub path: String,
 }
 
-/// The reading thread's handle: events come out of [`RingReader::try_next`]; dropping it ends
-/// the thread within [`WAKE_EVERY`].
+/// The reading thread's handle: events come out of [`RingReader::try_next`]; dropping it wakes
+/// the thread, which ends.
 pub struct RingReader<T> {
     events: Receiver<T>,
     shared: Arc<Shared>,
 }
 
 /// What the reader and its thread share.
-#[derive(Default)]
 struct Shared {
     /// Set when the agent is done with events.
     stop: AtomicBool,
     /// Events queued and not yet taken.
     queued: AtomicUsize,
+    /// Written when `stop` is set: the thread waits on it beside the ring, so it sleeps until
+    /// an event or the end instead of waking on a timer (10 wake-ups a second per ring were
+    /// 3% of the agent's CPU at 1,000 workers, and all of it on an idle node).
+    stop_fd: OwnedFd,
 }
 
 impl<T: Send + 'static> RingReader<T> {
@@ -75,7 +78,20 @@ impl<T: Send + 'static> RingReader<T> {
         decode: fn(&[u8]) -> Option<T>,
     ) -> anyhow::Result<Self> {
         let (sender, events) = std::sync::mpsc::channel();
-        let shared = Arc::new(Shared::default());
+        // SAFETY: eventfd takes no pointers; a descriptor it returns is ours alone.
+        let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if stop_fd < 0 {
+            anyhow::bail!(
+                "could not make the event reader's wake-up descriptor: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            queued: AtomicUsize::new(0),
+            // SAFETY: a descriptor just opened, owned by nothing else.
+            stop_fd: unsafe { OwnedFd::from_raw_fd(stop_fd) },
+        });
         let thread_shared = Arc::clone(&shared);
         std::thread::Builder::new()
             .name(name.into())
@@ -104,6 +120,16 @@ impl<T: Send + 'static> RingReader<T> {
 impl<T> Drop for RingReader<T> {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: 8 bytes from a live buffer to the eventfd; a failed write (the counter at
+        // its maximum) leaves it readable, which wakes the thread all the same.
+        unsafe {
+            libc::write(
+                self.shared.stop_fd.as_raw_fd(),
+                one.as_ptr().cast(),
+                one.len(),
+            )
+        };
     }
 }
 
@@ -114,21 +140,21 @@ fn read_ring<T>(
     shared: &Shared,
     decode: fn(&[u8]) -> Option<T>,
 ) {
-    let fd = ring.as_raw_fd();
-    let timeout_ms = WAKE_EVERY.as_millis() as libc::c_int;
+    let wait_on = |fd: libc::c_int| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let (ring_fd, stop_fd) = (ring.as_raw_fd(), shared.stop_fd.as_raw_fd());
     while !shared.stop.load(Ordering::Relaxed) {
         if shared.queued.load(Ordering::Relaxed) >= QUEUE_EVENTS {
-            std::thread::sleep(WAKE_EVERY);
+            std::thread::sleep(FULL_WAIT);
             continue;
         }
-        let mut wait = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; the ring (and so its descriptor) lives as long as this
-        // function. An interrupted or failed wait just reads the ring anyway.
-        unsafe { libc::poll(&mut wait, 1, timeout_ms) };
+        let mut waits = [wait_on(ring_fd), wait_on(stop_fd)];
+        // SAFETY: two valid pollfds; the ring and the eventfd (and so their descriptors) live
+        // as long as this function. An interrupted or failed wait just reads the ring anyway.
+        unsafe { libc::poll(waits.as_mut_ptr(), waits.len() as libc::nfds_t, -1) };
         while let Some(item) = ring.next() {
             let Some(event) = decode(&item) else {
                 continue;
