@@ -388,11 +388,15 @@ fn agent_cost_section(out: &mut String, r: &Results) {
         out,
         "`workerprobe top --interval 1s > /dev/null` with N active worker cgroups (one process \
          each, ~1 ms of CPU every second); CPU is user+system of the agent process over the \
-         window after a warm-up, the median of {} windows, each with the agent started afresh \
+         window after a warm-up, {}, each with the agent started afresh \
          (RSS and peak RSS are that window's); RSS is VmRSS at the end of the window (the \
          running agent), peak RSS is VmHWM (it includes loading, when the kernel's BTF is \
          parsed).\n",
-        super::AGENT_COST_WINDOWS
+        if r.smoke {
+            "one window".to_owned()
+        } else {
+            format!("the median of {} windows", super::AGENT_COST_WINDOWS)
+        }
     );
     let _ = writeln!(
         out,
