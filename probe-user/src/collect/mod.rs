@@ -1,5 +1,7 @@
 //! Collection: reads the programs' maps into a [`Sample`]. Knows nothing of sinks.
 
+use std::collections::btree_map::Entry;
+
 use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 
@@ -66,8 +68,8 @@ const MAX_FINISHED: usize = 1_024;
 /// Memory cgroup peaks of removed cgroups kept for a caller that never finishes them (top).
 const MAX_REMOVED_PEAKS: usize = 16_384;
 
-/// A sample's workers by cgroup id, as [`Sample::workers`] holds them.
-type Workers = std::collections::BTreeMap<u64, WorkerCounters>;
+/// CPU counters per cgroup id, per CPU.
+type CpuPerWorker = std::collections::BTreeMap<u64, Vec<CpuStats>>;
 
 /// A slice still running on a CPU when the maps were read.
 struct RunningSlice {
@@ -333,17 +335,19 @@ impl Source for KernelCollector {
             usize::MAX
         };
         self.pull_events(room);
-        // Straight into the sample's workers: a map of their CPU counters first, moved in
-        // after, was a thousand inserts a second more at a thousand workers.
-        let running = self.read_cpu_consistently(&mut sample.workers)?;
+        let (mut cpu_per_worker, running) = self.read_cpu_consistently()?;
         if let Some(rstat) = self.rstat.as_mut() {
             for (cgroup_id, times) in rstat.read()? {
-                let per_cpu = &mut sample.workers.entry(cgroup_id).or_default().cpu_per_cpu;
-                per_cpu.resize(self.cpus, CpuStats::default());
+                let per_cpu = cpu_per_worker
+                    .entry(cgroup_id)
+                    .or_insert_with(|| vec![CpuStats::default(); self.cpus]);
                 rstat::apply(per_cpu, &times);
             }
         }
-        self.free_late_counters(&mut sample.workers);
+        self.free_late_counters(&mut cpu_per_worker);
+        for (cgroup_id, per_cpu) in cpu_per_worker {
+            sample.workers.entry(cgroup_id).or_default().cpu_per_cpu = per_cpu;
+        }
         // Buffers kept from one sample to the next.
         let mut calls = std::mem::take(&mut self.calls_now);
         calls.clear();
@@ -773,12 +777,8 @@ impl KernelCollector {
     /// before and after reading the map ran one slice throughout: the map lacks it, and its
     /// thread's runtime since its switch-in is exactly what the program will add at its end.
     /// If a busy CPU switched while we read, read again (a few times at most); what is still
-    /// unsettled then is left to the next sample. The counters go into `workers` (emptied
-    /// first), the running slices are returned.
-    fn read_cpu_consistently(
-        &mut self,
-        workers: &mut Workers,
-    ) -> anyhow::Result<Vec<RunningSlice>> {
+    /// unsettled then is left to the next sample.
+    fn read_cpu_consistently(&mut self) -> anyhow::Result<(CpuPerWorker, Vec<RunningSlice>)> {
         const ATTEMPTS: usize = 3;
         let mut attempt = 0;
         loop {
@@ -786,19 +786,19 @@ impl KernelCollector {
             let before = self.read_last_switches()?;
             // The slots hold socket counters too: kept from the read that is used.
             self.slot_net.clear();
-            workers.clear();
-            for (cgroup_id, per_cpu) in read_all(&self.cpu_stats, self.cpus)? {
-                workers.entry(cgroup_id).or_default().cpu_per_cpu = per_cpu;
-            }
+            let mut per_worker: CpuPerWorker =
+                read_all(&self.cpu_stats, self.cpus)?.into_iter().collect();
             if let Some(slots) = &mut self.cpu_slots {
                 for (cgroup_id, per_cpu) in slots.read()? {
                     let cpu = per_cpu.iter().map(|slot| slot.stats);
-                    let sum = &mut workers.entry(cgroup_id).or_default().cpu_per_cpu;
-                    if sum.is_empty() {
-                        sum.extend(cpu);
-                    } else {
-                        for (sum, add) in sum.iter_mut().zip(cpu) {
-                            sum.add(&add);
+                    match per_worker.entry(cgroup_id) {
+                        Entry::Occupied(mut sum) => {
+                            for (sum, add) in sum.get_mut().iter_mut().zip(cpu) {
+                                sum.add(&add);
+                            }
+                        }
+                        Entry::Vacant(entry) => {
+                            entry.insert(cpu.collect());
                         }
                     }
                     // Summed over CPUs here: no vector per worker.
@@ -840,13 +840,13 @@ impl KernelCollector {
                 .any(|(cpu, record)| record.next_tid != 0 && !settled(cpu));
             if !unsettled || attempt == ATTEMPTS {
                 running.retain(|slice| settled(slice.cpu));
-                return Ok(running);
+                return Ok((per_worker, running));
             }
         }
     }
 
     /// Frees, unreported, what the programs added for workers already summarised.
-    fn free_late_counters(&mut self, per_worker: &mut Workers) {
+    fn free_late_counters(&mut self, per_worker: &mut CpuPerWorker) {
         if self.finished_ids.is_empty() {
             return;
         }
