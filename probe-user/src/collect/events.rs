@@ -65,7 +65,7 @@ struct Shared {
     queued: AtomicUsize,
     /// Written when `stop` is set: the thread waits on it beside the ring, so it sleeps until
     /// an event or the end instead of waking on a timer (10 wake-ups a second per ring were
-    /// 3% of the agent's CPU at 1,000 workers, and all of it on an idle node).
+    /// 3% of the agent's CPU at 1,000 workers, and went on on an idle node).
     stop_fd: OwnedFd,
 }
 
@@ -82,7 +82,8 @@ impl<T: Send + 'static> RingReader<T> {
         let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if stop_fd < 0 {
             anyhow::bail!(
-                "could not make the event reader's wake-up descriptor: {}",
+                "could not open the event reader's wake-up descriptor ({}): raise the open-file \
+                 limit (ulimit -n) and start workerprobe again",
                 std::io::Error::last_os_error()
             );
         }

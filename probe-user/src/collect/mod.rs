@@ -548,16 +548,14 @@ impl KernelCollector {
         let Some(slots) = self.endpoint_slots.as_mut() else {
             return Vec::new();
         };
-        slots.slots_in_use().map_or_else(
-            |_| Vec::new(),
-            |in_use| {
-                in_use
-                    .iter()
-                    .filter(|(key, _)| key.cgroup_id == cgroup_id)
-                    .map(|&(_, slot)| slot)
-                    .collect()
-            },
-        )
+        let Ok(in_use) = slots.slots_in_use() else {
+            return Vec::new();
+        };
+        in_use
+            .iter()
+            .filter(|(key, _)| key.cgroup_id == cgroup_id)
+            .map(|&(_, slot)| slot)
+            .collect()
     }
 
     /// Frees what the programs keep for a removed cgroup no one reports on (its slot, its
