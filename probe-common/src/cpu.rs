@@ -5,6 +5,16 @@ use crate::wait::WAIT_REASONS;
 /// Name of the per-CPU hash map: cgroup id (`u64`) → [`CpuStats`] of that cgroup on each CPU.
 pub const CPU_STATS_MAP: &str = "CPU_STATS";
 
+/// Name of the array (`u64`, 0 or 1) saying whether a program ever made an entry in
+/// [`CPU_STATS_MAP`] (index [`HASHED_CPU`]) or the `NET_STATS` map (index [`HASHED_NET`]):
+/// workers beyond the slots are rare, and until one comes user space skips reading those
+/// hashes (a batch read of an empty hash still scans every bucket).
+pub const HASHES_USED_MAP: &str = "HASHES_USED";
+/// [`HASHES_USED_MAP`]'s index for [`CPU_STATS_MAP`].
+pub const HASHED_CPU: u32 = 0;
+/// [`HASHES_USED_MAP`]'s index for the `NET_STATS` map.
+pub const HASHED_NET: u32 = 1;
+
 /// Name of the per-CPU array of [`SlotCounters`]: the fast path for the first workers, one slot
 /// each, indexed by a slot number the programs keep with each thread (an array update instead
 /// of a hash lookup). Workers beyond its slots use [`CPU_STATS_MAP`] and the `NET_STATS` map.

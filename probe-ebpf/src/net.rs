@@ -327,6 +327,7 @@ fn add_hashed(cgroup_id: u64, family_slot: usize, bytes: u64, sent: bool) {
         unsafe { add(&mut *stats, family_slot, bytes, sent) };
         return;
     }
+    crate::sched::mark_hash_used(probe_common::cpu::HASHED_NET);
     // Insert zeros from read-only memory, then add: values built on the stack count against
     // its 512 bytes (with the endpoint code's, too many on 6.1).
     #[allow(clippy::needless_borrows_for_generic_args)]

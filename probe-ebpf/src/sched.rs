@@ -7,12 +7,12 @@
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map},
-    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, Stack},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, Stack},
     programs::BtfTracePointContext,
 };
 use probe_common::{
     DEFAULT_MAX_WORKERS,
-    cpu::{CpuStats, LastSwitch, RUNQ_BUCKETS, SlotCounters, runq_bucket},
+    cpu::{CpuStats, HASHED_CPU, LastSwitch, RUNQ_BUCKETS, SlotCounters, runq_bucket},
     drops::{DROP_CPU_STATS, DROP_SLOTS, DROP_TASK_STATE},
     wait::{
         SYSCALL_WAITS, SYSCALLS, TABLE_ON_FD, TABLE_REASON, TABLE_UNKNOWN, WAIT_NETWORK,
@@ -30,6 +30,21 @@ const TASK_NOLOAD: u64 = 0x400;
 #[map]
 static CPU_STATS: PerCpuHashMap<u64, CpuStats> =
     PerCpuHashMap::with_max_entries(DEFAULT_MAX_WORKERS, BPF_F_NO_PREALLOC);
+
+/// `probe_common::cpu::HASHES_USED_MAP`: 1 at `HASHED_CPU` / `HASHED_NET` once a program
+/// made an entry in `CPU_STATS` / `NET_STATS`.
+#[map]
+static HASHES_USED: Array<u64> = Array::with_max_entries(2, 0);
+
+/// Notes, before a first entry is made in one of the hashes, that user space must read it.
+/// On the rare path only: a plain store of 1, the same from any CPU.
+#[inline(always)]
+pub(crate) fn mark_hash_used(index: u32) {
+    if let Some(used) = HASHES_USED.get_ptr_mut(index) {
+        // SAFETY: an array value; every writer stores the same 1.
+        unsafe { core::ptr::write_volatile(used, 1) };
+    }
+}
 
 /// The fast path: slot → what its cgroup's threads did on this CPU. Sized by the loader
 /// (`probe_common::cpu::fast_slots`); workers beyond it use `CPU_STATS`.
@@ -494,6 +509,7 @@ fn hashed_counters(cgroup_id: u64) -> Option<*mut CpuStats> {
 /// Rare path: a cgroup's first entry on this CPU, all zeros; `None` when the map is full.
 #[inline(never)]
 fn insert_zero_stats(cgroup_id: u64) -> Option<*mut CpuStats> {
+    mark_hash_used(HASHED_CPU);
     // Insert zeros, then add: the value is too large to build on the BPF stack.
     // By reference: a copy on the stack would take most of its 512 bytes.
     #[allow(clippy::needless_borrows_for_generic_args)]

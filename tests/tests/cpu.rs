@@ -442,6 +442,19 @@ fn workers_in_reused_slots_and_beyond_the_slots_are_counted_like_cpu_stat() {
         let slot = short_worker(&mut collector, &format!("hashed-{i}"));
         assert_eq!(slot, None, "no slots were asked for");
     }
+    // A live worker beyond the slots is in every sample too, read from the hash.
+    let live = TestCgroup::new("hashed-live");
+    live.spin("60");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let kernel_usec = live.cpu_stat().usage_usec;
+    let sample = collector.sample().expect("sample");
+    let ours = sample.workers.get(&live.id).map_or(0, |w| w.on_cpu_ns());
+    eprintln!("hashed-live: ours {ours} ns in a sample, cpu.stat {kernel_usec} µs");
+    assert!(kernel_usec >= 59_000, "hashed-live barely ran");
+    assert!(
+        close(ours, kernel_usec),
+        "hashed-live: ours {ours} ns in a sample, cpu.stat {kernel_usec} µs"
+    );
 }
 
 /// With CPU time asked for without delays, the agent reads the kernel's own per-cgroup CPU time

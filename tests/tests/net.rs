@@ -1,7 +1,10 @@
 //! Socket bytes and calls per cgroup against the workloads' own counts.
 
+use workerprobe::collect::KernelCollector;
 use workerprobe::{collect::Source as _, model::Sample};
-use workerprobe_tests::{TestCgroup, collector, counters, field, read_first_json_line, wait_json};
+use workerprobe_tests::{
+    TestCgroup, collector, collector_with, counters, field, read_first_json_line, wait_json,
+};
 
 /// Per-family counters of a worker between two samples: (sent bytes, sent calls, received
 /// bytes, received calls).
@@ -19,7 +22,18 @@ fn traffic(before: &Sample, after: &Sample, id: u64, family: usize) -> (u64, u64
 /// Runs a receiver in one cgroup and a sender in another, and checks each side's counters
 /// against what the workloads counted themselves.
 fn exchange(proto: &str, listen: &str, total: u64, sizes: &str, family: usize) {
-    let mut collector = collector();
+    exchange_with(collector(), proto, listen, total, sizes, family);
+}
+
+/// [`exchange`], read by `collector`.
+fn exchange_with(
+    mut collector: KernelCollector,
+    proto: &str,
+    listen: &str,
+    total: u64,
+    sizes: &str,
+    family: usize,
+) {
     let sender = TestCgroup::new(&format!("{proto}-send"));
     let receiver = TestCgroup::new(&format!("{proto}-recv"));
     let before = collector.sample().expect("sample");
@@ -95,6 +109,24 @@ fn tcp_bytes_are_exact() {
         "127.0.0.1:0",
         64 << 20,
         "1,100,1448,4096,65536,1000000",
+        probe_common::net::FAMILY_IPV4,
+    );
+}
+
+/// With no slots, every worker's bytes go through the hash the programs make entries in on
+/// demand, and each sample reads it: as exact.
+#[test]
+fn tcp_bytes_beyond_the_slots_are_exact() {
+    let collector = collector_with(workerprobe::loader::LoadOptions {
+        cpu_slots: Some(0),
+        ..Default::default()
+    });
+    exchange_with(
+        collector,
+        "tcp",
+        "127.0.0.1:0",
+        8 << 20,
+        "1,1448,65536",
         probe_common::net::FAMILY_IPV4,
     );
 }

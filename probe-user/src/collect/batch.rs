@@ -52,6 +52,12 @@ impl<K: Copy, V: Copy> PerCpuEntries<K, V> {
         self.cpus
     }
 
+    /// Empties it, keeping its buffers (for a read that is skipped).
+    pub fn clear(&mut self) {
+        self.keys.clear();
+        self.values.clear();
+    }
+
     /// How many entries the last read found.
     pub fn len(&self) -> usize {
         self.keys.len()
@@ -119,8 +125,7 @@ pub unsafe fn read_first<K: Copy, V: Copy>(
     const {
         assert!(size_of::<V>().is_multiple_of(8) && align_of::<V>() <= 8);
     }
-    into.keys.clear();
-    into.values.clear();
+    into.clear();
     // SAFETY: as the caller promised.
     let read = unsafe { read_into(fd, max_keys, into) };
     into.shrink_after_burst();

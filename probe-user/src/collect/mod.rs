@@ -1,7 +1,5 @@
 //! Collection: reads the programs' maps into a [`Sample`]. Knows nothing of sinks.
 
-use std::collections::btree_map::Entry;
-
 use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 
@@ -21,8 +19,8 @@ use memory_walk::MemoryWalk;
 pub use memory_walk::WalkedProcesses;
 use probe_common::{
     cpu::{
-        CPU_SLOTS_MAP, CPU_STATS_MAP, CpuStats, FREE_SLOTS_MAP, LAST_SWITCH_MAP, LastSwitch,
-        SLOT_OF_MAP, SlotCounters,
+        CPU_SLOTS_MAP, CPU_STATS_MAP, CpuStats, FREE_SLOTS_MAP, HASHED_CPU, HASHED_NET,
+        HASHES_USED_MAP, LAST_SWITCH_MAP, LastSwitch, SLOT_OF_MAP, SlotCounters,
     },
     drops::{DROP_NAMES, DROPS_MAP},
     lifecycle::EVENTS_MAP,
@@ -88,6 +86,11 @@ type ProcessEndpointMaps = (
 /// Reads the maps of the loaded programs.
 pub struct KernelCollector {
     cpu_stats: PerCpuHashMap<MapData, u64, CpuStats>,
+    /// The last read of `cpu_stats`, its buffers kept for the next.
+    cpu_entries: batch::PerCpuEntries<u64, CpuStats>,
+    /// Whether the programs ever made an entry in `cpu_stats` or `net_stats` (absent from an
+    /// older pin set: then both are read each sample).
+    hashes_used: Option<aya::maps::Array<MapData, u64>>,
     /// The fast path's slots (absent from an older pin set).
     cpu_slots: Option<SlotMaps<SlotCounters>>,
     /// Socket counters of the workers with slots, summed over CPUs, from the last read of the
@@ -187,6 +190,9 @@ impl KernelCollector {
         );
         let net_stats = PerCpuHashMap::try_from(take(NET_STATS_MAP)?)
             .with_context(|| format!("map {NET_STATS_MAP}"))?;
+        let hashes_used = take(HASHES_USED_MAP)
+            .ok()
+            .and_then(|map| aya::maps::Array::try_from(map).ok());
         let drops =
             PerCpuArray::try_from(take(DROPS_MAP)?).with_context(|| format!("map {DROPS_MAP}"))?;
         let endpoints = PerCpuHashMap::try_from(take(ENDPOINTS_MAP)?)
@@ -276,6 +282,8 @@ impl KernelCollector {
             finished_ids: std::collections::HashSet::new(),
             heap: HeapReturn::new(),
             cpu_stats,
+            cpu_entries: batch::PerCpuEntries::new(cpus),
+            hashes_used,
             cpu_slots,
             slot_net: Vec::new(),
             net_stats,
@@ -345,14 +353,26 @@ impl Source for KernelCollector {
             }
         }
         self.free_late_counters(&mut cpu_per_worker);
-        for (cgroup_id, per_cpu) in cpu_per_worker {
-            sample.workers.entry(cgroup_id).or_default().cpu_per_cpu = per_cpu;
-        }
+        // The sample's first workers: built in one pass from the sorted map.
+        sample.workers = cpu_per_worker
+            .into_iter()
+            .map(|(cgroup_id, cpu_per_cpu)| {
+                let counters = WorkerCounters {
+                    cpu_per_cpu,
+                    ..WorkerCounters::default()
+                };
+                (cgroup_id, counters)
+            })
+            .collect();
         // Buffers kept from one sample to the next.
         let mut calls = std::mem::take(&mut self.calls_now);
         calls.clear();
         let slot_net = std::mem::take(&mut self.slot_net);
-        read_all_into(&self.net_stats, &mut self.net_entries)?;
+        if self.hash_used(HASHED_NET) {
+            read_all_into(&self.net_stats, &mut self.net_entries)?;
+        } else {
+            self.net_entries.clear();
+        }
         let slot_net_per_cpu = slot_net
             .iter()
             .map(|(cgroup_id, net)| (*cgroup_id, std::slice::from_ref(net)));
@@ -784,21 +804,20 @@ impl KernelCollector {
             let before = self.read_last_switches()?;
             // The slots hold socket counters too: kept from the read that is used.
             self.slot_net.clear();
-            let mut per_worker: CpuPerWorker =
-                read_all(&self.cpu_stats, self.cpus)?.into_iter().collect();
+            // Gathered in a vector and sorted, then built into the map in one go: a thousand
+            // inserts one by one were a twentieth of the agent's CPU at a thousand workers.
+            let mut gathered: Vec<(u64, Vec<CpuStats>)> = Vec::new();
+            if self.hash_used(HASHED_CPU) {
+                read_all_into(&self.cpu_stats, &mut self.cpu_entries)?;
+                gathered.extend(
+                    self.cpu_entries
+                        .iter()
+                        .map(|(cgroup_id, per_cpu)| (cgroup_id, per_cpu.to_vec())),
+                );
+            }
             if let Some(slots) = &mut self.cpu_slots {
                 for (cgroup_id, per_cpu) in slots.read()? {
-                    let cpu = per_cpu.iter().map(|slot| slot.stats);
-                    match per_worker.entry(cgroup_id) {
-                        Entry::Occupied(mut sum) => {
-                            for (sum, add) in sum.get_mut().iter_mut().zip(cpu) {
-                                sum.add(&add);
-                            }
-                        }
-                        Entry::Vacant(entry) => {
-                            entry.insert(cpu.collect());
-                        }
-                    }
+                    gathered.push((cgroup_id, per_cpu.iter().map(|slot| slot.stats).collect()));
                     // Summed over CPUs here: no vector per worker.
                     let mut net = NetStats::default();
                     for on_cpu in per_cpu {
@@ -838,9 +857,18 @@ impl KernelCollector {
                 .any(|(cpu, record)| record.next_tid != 0 && !settled(cpu));
             if !unsettled || attempt == ATTEMPTS {
                 running.retain(|slice| settled(slice.cpu));
-                return Ok((per_worker, running));
+                return Ok((per_worker(gathered), running));
             }
         }
+    }
+
+    /// Whether the programs made an entry in the hash at `index` of `HASHES_USED` (workers
+    /// beyond the slots): until they do it is empty, and its read (a scan of every bucket)
+    /// is skipped. Set before the entry is made, so a read after it is seen finds the entry.
+    fn hash_used(&self, index: u32) -> bool {
+        self.hashes_used
+            .as_ref()
+            .is_none_or(|used| used.get(&index, 0).map_or(true, |used| used != 0))
     }
 
     /// Frees, unreported, what the programs added for workers already summarised.
@@ -966,6 +994,24 @@ fn sum_endpoint(key: EndpointKey, per_cpu: &[EndpointStats]) -> EndpointDelta {
         crate::model::endpoints::add_stats(&mut stats, on_cpu);
     }
     EndpointDelta { key, stats }
+}
+
+/// CPU counters gathered from the hash and the slots as one map: a worker in both (its hash
+/// entry made while it had no slot) has them summed.
+fn per_worker(mut gathered: Vec<(u64, Vec<CpuStats>)>) -> CpuPerWorker {
+    // Slots go out lowest first to workers as they come, so mostly sorted already.
+    gathered.sort_by_key(|(cgroup_id, _)| *cgroup_id);
+    gathered.dedup_by(|later, earlier| {
+        if later.0 != earlier.0 {
+            return false;
+        }
+        for (sum, add) in earlier.1.iter_mut().zip(&later.1) {
+            sum.add(add);
+        }
+        true
+    });
+    // Sorted and unique: built in one pass.
+    gathered.into_iter().collect()
 }
 
 /// Every entry of a per-CPU hash map into `into`, in a few batched calls; key by key where
