@@ -127,24 +127,10 @@ impl MemoryReader {
                 },
             });
         }
-        let now = Instant::now();
-        // Found to be its processes' a moment ago, or one of its processes is in a v1 memory
-        // cgroup known not to be its own: the walk's sum, without its process list. One the
-        // walk lacks (no process, or no room in its map) is read from the files below.
-        if let Some((walked, cgroup_id)) = rss
-            && let Some(found) = walked.get(&cgroup_id)
-        {
-            let chosen = self
-                .rss_chosen
-                .get(&cgroup_id)
-                .is_some_and(|at| now.duration_since(*at) < V1_SHARED_FRESH);
-            if chosen || self.v1_known_not_own(found.pid, now) {
-                if !chosen {
-                    self.choose_rss(cgroup_id, now);
-                }
-                return Some(found.reading);
-            }
+        if let Some(reading) = self.walked_rss(rss) {
+            return Some(reading);
         }
+        let now = Instant::now();
         let pids = self
             .files
             .read(&dir.join("cgroup.procs"))
@@ -168,6 +154,30 @@ impl MemoryReader {
             peak_bytes: rss,
             source: MemorySource::Rss,
         })
+    }
+
+    /// The process walk's sum for the worker, where it is known to be its memory: found to be
+    /// its processes' a moment ago, or one of its processes is in a v1 memory cgroup known
+    /// not to be its own (then without its process list). One the walk lacks (no process,
+    /// or no room in its map) is left to the files.
+    fn walked_rss(
+        &mut self,
+        rss: Option<(&HashMap<u64, WalkedProcesses>, u64)>,
+    ) -> Option<MemoryReading> {
+        let (walked, cgroup_id) = rss?;
+        let found = walked.get(&cgroup_id)?;
+        let now = Instant::now();
+        let chosen = self
+            .rss_chosen
+            .get(&cgroup_id)
+            .is_some_and(|at| now.duration_since(*at) < V1_SHARED_FRESH);
+        if !chosen && !self.v1_known_not_own(found.pid, now) {
+            return None;
+        }
+        if !chosen {
+            self.choose_rss(cgroup_id, now);
+        }
+        Some(found.reading)
     }
 
     /// Reads the memory of the workers active in `interval` (the ones a table shows) into
@@ -208,6 +218,12 @@ impl MemoryReader {
             Some(reading) => Some(*reading),
             None => {
                 let rss = walked.processes.as_ref().map(|walked| (walked, cgroup_id));
+                // Without cgroup2 memory files the walk's sum comes first: no directory needed.
+                if !self.v2_memory
+                    && let Some(reading) = self.walked_rss(rss)
+                {
+                    return Some(reading);
+                }
                 self.read_files(&dir_of(path), rss)
             }
         }
