@@ -130,7 +130,7 @@ pub struct ProgCost {
 pub struct AgentCost {
     /// Active worker cgroups.
     pub workers: usize,
-    /// `workerprobe top`'s user+system CPU, % of one core.
+    /// `workerprobe top`'s CPU time (all threads, ns-exact), % of one core.
     pub cpu_percent: f64,
     /// Its peak RSS (VmHWM) in bytes: includes loading (parsing the kernel's BTF).
     pub peak_rss: u64,

@@ -295,8 +295,9 @@ fn peers_section(out: &mut String, r: &Results) {
     let _ = writeln!(out, "## 4. Peers side by side\n");
     let _ = writeln!(
         out,
-        "Median overhead % per workload (same rounds as above), the tool's own user+system \
-         CPU while the workloads ran (% of one core, from /proc/<pid>/stat), and its CPU \
+        "Median overhead % per workload (same rounds as above), the tool's own CPU time while \
+         the workloads ran (% of one core, all its threads, from the kernel's runtime in ns \
+         through the process's CPU-time clock), and its CPU \
          error on the worker mix against the cgroup's `cpu.stat`.\n"
     );
     let _ = write!(out, "| tool |");
@@ -387,8 +388,9 @@ fn agent_cost_section(out: &mut String, r: &Results) {
     let _ = writeln!(
         out,
         "`workerprobe top --interval 1s > /dev/null` with N active worker cgroups (one process \
-         each, ~1 ms of CPU every second); CPU is user+system of the agent process over the \
-         window after a warm-up, {}, each with the agent started afresh \
+         each, ~1 ms of CPU every second); CPU is the agent process's CPU time (all its \
+         threads, the kernel's runtime in ns through the process's CPU-time clock, not \
+         /proc's 10 ms ticks) over the window after a warm-up, {}, each with the agent started afresh \
          (RSS and peak RSS are that window's); RSS is VmRSS at the end of the window (the \
          running agent), peak RSS is VmHWM (it includes loading, when the kernel's BTF is \
          parsed).\n",
