@@ -681,15 +681,19 @@ fn targets(r: &Results) -> Vec<Target> {
             met: Some(c.cpu_percent <= 0.5),
             why: format!(
                 "{:.2} ms of CPU per interval for {} workers active in each. By perf on this \
-                 hybrid host, where v1 holds the memory controller: about a fifth the process \
+                 hybrid host, where v1 holds the memory controller: about a quarter the process \
                  walk (a task iterator visits every task on the host and sums each process's \
-                 resident pages by cgroup, read in one call), a tenth reading the slots (the \
-                 per-CPU counters of those in use, in one call: each slot names its owner on \
-                 each CPU, so the hash of their owners is not read), a tenth turning counters \
-                 into intervals, a tenth each worker's memory from the walk (mostly the v1 \
-                 memory cgroup of the process the walk names, read from /proc every 30 s, to \
-                 look for one of the worker's own); the rest the table and the registry. This \
-                 is the agent with every group; with CPU time alone, a cgroup iterator reads every cgroup's per-CPU \
+                 resident pages by cgroup, read in one call: touching each task, its mm, its \
+                 per-CPU counters and its cgroup costs it, not the helpers reading them), a \
+                 seventh reading the slots (the kernel copying each slot's per-CPU counters, \
+                 in one call; each slot names its owner on each CPU, so the hash of their \
+                 owners is not read, and the hashes of workers beyond the slots are read only \
+                 once a program made an entry in one), a fifth gathering the counters into \
+                 each worker's record, a tenth turning counters into intervals, a fifteenth \
+                 each worker's memory from the walk (the v1 memory cgroup of the process the \
+                 walk names, read from /proc every 30 s, to look for one of the worker's \
+                 own); the rest the table and the registry. This is the agent with every \
+                 group; with CPU time alone, a cgroup iterator reads every cgroup's per-CPU \
                  times in one walk instead. Where cgroup2 has the memory controller, a cgroup \
                  walk reads every cgroup's memory counters instead (§7 measures it against the \
                  files in the VMs, on pure cgroup2).",
