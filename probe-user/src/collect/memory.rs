@@ -100,20 +100,22 @@ impl MemoryReader {
     /// Memory of the worker whose cgroup2 directory is `dir`; `None` when it has no
     /// processes and no cgroup2 memory files.
     pub fn read(&mut self, dir: &Path) -> Option<MemoryReading> {
-        self.read_files(dir, None)
+        self.read_files(|| dir, None)
     }
 
     /// As [`MemoryReader::read`], with the process walk's resident sets (`rss`: the readings
-    /// of every cgroup holding a process, and the worker's cgroup id) where it ran.
-    fn read_files(
+    /// of every cgroup holding a process, and the worker's cgroup id) where it ran. The
+    /// directory is made only if a file is read: the walk's sum needs none.
+    fn read_files<D: AsRef<Path>>(
         &mut self,
-        dir: &Path,
+        dir: impl FnOnce() -> D,
         rss: Option<(&HashMap<u64, WalkedProcesses>, u64)>,
     ) -> Option<MemoryReading> {
+        let dir = std::cell::LazyCell::new(dir);
         if self.v2_memory
-            && let Some(current_bytes) = self.read_u64(&dir.join("memory.current"))
+            && let Some(current_bytes) = self.read_u64(&dir.as_ref().join("memory.current"))
         {
-            return Some(match self.read_u64(&dir.join("memory.peak")) {
+            return Some(match self.read_u64(&dir.as_ref().join("memory.peak")) {
                 Some(peak_bytes) => MemoryReading {
                     current_bytes,
                     peak_bytes,
@@ -133,7 +135,7 @@ impl MemoryReader {
         let now = Instant::now();
         let pids = self
             .files
-            .read(&dir.join("cgroup.procs"))
+            .read(&dir.as_ref().join("cgroup.procs"))
             .map(crate::cgroup::parse_procs)
             .unwrap_or_default();
         if pids.is_empty() {
@@ -218,13 +220,7 @@ impl MemoryReader {
             Some(reading) => Some(*reading),
             None => {
                 let rss = walked.processes.as_ref().map(|walked| (walked, cgroup_id));
-                // Without cgroup2 memory files the walk's sum comes first: no directory needed.
-                if !self.v2_memory
-                    && let Some(reading) = self.walked_rss(rss)
-                {
-                    return Some(reading);
-                }
-                self.read_files(&dir_of(path), rss)
+                self.read_files(|| dir_of(path), rss)
             }
         }
     }

@@ -66,8 +66,11 @@ const MAX_FINISHED: usize = 1_024;
 /// Memory cgroup peaks of removed cgroups kept for a caller that never finishes them (top).
 const MAX_REMOVED_PEAKS: usize = 16_384;
 
-/// CPU counters per cgroup id, per CPU.
-type CpuPerWorker = std::collections::BTreeMap<u64, Vec<CpuStats>>;
+/// A sample's workers by cgroup id, as [`Sample::workers`] holds them.
+type Workers = std::collections::BTreeMap<u64, WorkerCounters>;
+
+/// CPU counters per cgroup id, per CPU: sorted by cgroup id, one entry each.
+type CpuPerWorker = Vec<(u64, Vec<CpuStats>)>;
 
 /// A slice still running on a CPU when the maps were read.
 struct RunningSlice {
@@ -343,17 +346,9 @@ impl Source for KernelCollector {
             usize::MAX
         };
         self.pull_events(room);
-        let (mut cpu_per_worker, running) = self.read_cpu_consistently()?;
-        if let Some(rstat) = self.rstat.as_mut() {
-            for (cgroup_id, times) in rstat.read()? {
-                let per_cpu = cpu_per_worker
-                    .entry(cgroup_id)
-                    .or_insert_with(|| vec![CpuStats::default(); self.cpus]);
-                rstat::apply(per_cpu, &times);
-            }
-        }
-        self.free_late_counters(&mut cpu_per_worker);
-        // The sample's first workers: built in one pass from the sorted map.
+        let (cpu_per_worker, running) = self.read_cpu_consistently()?;
+        // The sample's first workers, sorted and unique: built in one pass (a thousand
+        // inserts one by one were a twentieth of the agent's CPU at a thousand workers).
         sample.workers = cpu_per_worker
             .into_iter()
             .map(|(cgroup_id, cpu_per_cpu)| {
@@ -364,6 +359,14 @@ impl Source for KernelCollector {
                 (cgroup_id, counters)
             })
             .collect();
+        if let Some(rstat) = self.rstat.as_mut() {
+            for (cgroup_id, times) in rstat.read()? {
+                let per_cpu = &mut sample.workers.entry(cgroup_id).or_default().cpu_per_cpu;
+                per_cpu.resize(self.cpus, CpuStats::default());
+                rstat::apply(per_cpu, &times);
+            }
+        }
+        self.free_late_counters(&mut sample.workers);
         // Buffers kept from one sample to the next.
         let mut calls = std::mem::take(&mut self.calls_now);
         calls.clear();
@@ -804,8 +807,6 @@ impl KernelCollector {
             let before = self.read_last_switches()?;
             // The slots hold socket counters too: kept from the read that is used.
             self.slot_net.clear();
-            // Gathered in a vector and sorted, then built into the map in one go: a thousand
-            // inserts one by one were a twentieth of the agent's CPU at a thousand workers.
             let mut gathered: Vec<(u64, Vec<CpuStats>)> = Vec::new();
             if self.hash_used(HASHED_CPU) {
                 read_all_into(&self.cpu_stats, &mut self.cpu_entries)?;
@@ -857,7 +858,7 @@ impl KernelCollector {
                 .any(|(cpu, record)| record.next_tid != 0 && !settled(cpu));
             if !unsettled || attempt == ATTEMPTS {
                 running.retain(|slice| settled(slice.cpu));
-                return Ok((per_worker(gathered), running));
+                return Ok((sorted_per_worker(gathered), running));
             }
         }
     }
@@ -868,11 +869,11 @@ impl KernelCollector {
     fn hash_used(&self, index: u32) -> bool {
         self.hashes_used
             .as_ref()
-            .is_none_or(|used| used.get(&index, 0).map_or(true, |used| used != 0))
+            .is_none_or(|used| !matches!(used.get(&index, 0), Ok(0)))
     }
 
     /// Frees, unreported, what the programs added for workers already summarised.
-    fn free_late_counters(&mut self, per_worker: &mut CpuPerWorker) {
+    fn free_late_counters(&mut self, per_worker: &mut Workers) {
         if self.finished_ids.is_empty() {
             return;
         }
@@ -996,9 +997,9 @@ fn sum_endpoint(key: EndpointKey, per_cpu: &[EndpointStats]) -> EndpointDelta {
     EndpointDelta { key, stats }
 }
 
-/// CPU counters gathered from the hash and the slots as one map: a worker in both (its hash
-/// entry made while it had no slot) has them summed.
-fn per_worker(mut gathered: Vec<(u64, Vec<CpuStats>)>) -> CpuPerWorker {
+/// CPU counters gathered from the hash and the slots, sorted by cgroup id: a worker in both
+/// (its hash entry made while it had no slot) has them summed into one entry.
+fn sorted_per_worker(mut gathered: Vec<(u64, Vec<CpuStats>)>) -> CpuPerWorker {
     // Slots go out lowest first to workers as they come, so mostly sorted already.
     gathered.sort_by_key(|(cgroup_id, _)| *cgroup_id);
     gathered.dedup_by(|later, earlier| {
@@ -1010,8 +1011,7 @@ fn per_worker(mut gathered: Vec<(u64, Vec<CpuStats>)>) -> CpuPerWorker {
         }
         true
     });
-    // Sorted and unique: built in one pass.
-    gathered.into_iter().collect()
+    gathered
 }
 
 /// Every entry of a per-CPU hash map into `into`, in a few batched calls; key by key where
