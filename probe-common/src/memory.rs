@@ -14,6 +14,14 @@ pub const SIGNAL_MAXRSS_OFFSET_GLOBAL: &str = "SIGNAL_MAXRSS_OFFSET";
 /// Global: `offsetof(struct cgroup, subsys[memory_cgrp_id])`, or 0 when the kernel has no
 /// memory controller.
 pub const CGROUP_MEMORY_CSS_OFFSET_GLOBAL: &str = "CGROUP_MEMORY_CSS_OFFSET";
+/// Global: `offsetof(struct css_set, subsys[memory_cgrp_id])`, where a task's memory
+/// controller state is (read only when [`TASK_MEMORY_CGROUP_GLOBAL`] is 1).
+pub const CSS_SET_MEMORY_CSS_OFFSET_GLOBAL: &str = "CSS_SET_MEMORY_CSS_OFFSET";
+/// Global: `offsetof(struct cgroup_subsys_state, cgroup)`.
+pub const CSS_CGROUP_OFFSET_GLOBAL: &str = "CSS_CGROUP_OFFSET";
+/// Global: 1 when the two offsets above were found (the kernel has a memory controller), so
+/// the process walk names each process's memory cgroup.
+pub const TASK_MEMORY_CGROUP_GLOBAL: &str = "TASK_MEMORY_CGROUP";
 /// Global: offset of `memory.watermark` (pages) from a memory cgroup's `css`.
 pub const MEMCG_WATERMARK_OFFSET_GLOBAL: &str = "MEMCG_WATERMARK_OFFSET";
 /// Global: offset of `memory.usage` (pages, what `memory.current` shows) from a memory
@@ -67,6 +75,10 @@ pub struct RssNow {
     pub pid: u32,
     /// Padding, zero.
     pub reserved: u32,
+    /// The id of the cgroup holding `pid`'s memory controller state (on hybrid hosts its v1
+    /// memory cgroup, the inode of its directory there); 0 when not known. User space tells
+    /// by it whether that cgroup is known to be shared, without reading /proc/PID/cgroup.
+    pub memory_cgroup_id: u64,
 }
 
 #[cfg(feature = "user")]
@@ -86,4 +98,7 @@ pub struct MemoryOffsets {
     pub memcg_watermark: u32,
     /// `mem_cgroup.memory.usage` less `mem_cgroup.css`; 0 when not found.
     pub memcg_usage: u32,
+    /// `css_set.subsys[memory_cgrp_id]` and `cgroup_subsys_state.cgroup`: a task's memory
+    /// cgroup; `None` without a memory controller.
+    pub task_memory_cgroup: Option<(u32, u32)>,
 }

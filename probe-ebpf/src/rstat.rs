@@ -195,26 +195,34 @@ pub fn rss_walk(ctx: *mut c_void) -> i32 {
     if task::tid(task) != task::tgid(task) || task::is_kthread(task) {
         return 0;
     }
-    let mut now = RssNow {
-        rss_pages: crate::process::rss_pages(task, WALK_SLOT, true).unwrap_or(0),
+    let rss_pages = crate::process::rss_pages(task, WALK_SLOT, true).unwrap_or(0);
+    // The first process the walk meets in a cgroup names it: this walk's later ones only add
+    // their pages.
+    let first = |rss_pages| RssNow {
+        rss_pages,
         walk,
         pid: task::tgid(task),
         reserved: 0,
+        memory_cgroup_id: task::memory_cgroup_id(task),
     };
     let cgroup_id = task::cgroup_id(task);
     match PROCESS_RSS_NOW.get_ptr_mut(cgroup_id) {
         // SAFETY: a value of this map; no other writer (walks run one at a time, in the
         // agent's sampling thread). This walk's earlier processes in the cgroup are added to.
         Some(entry) => unsafe {
-            let earlier = read_volatile(entry);
-            if earlier.walk == walk {
-                now.rss_pages += earlier.rss_pages;
-                now.pid = earlier.pid;
+            let mut now = read_volatile(entry);
+            if now.walk == walk {
+                now.rss_pages += rss_pages;
+            } else {
+                now = first(rss_pages);
             }
             write_volatile(entry, now);
         },
         None => {
-            if PROCESS_RSS_NOW.insert(cgroup_id, now, 0).is_err() {
+            if PROCESS_RSS_NOW
+                .insert(cgroup_id, first(rss_pages), 0)
+                .is_err()
+            {
                 count_drop(DROP_RSS_NOW);
             }
         }

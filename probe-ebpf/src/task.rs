@@ -76,6 +76,12 @@ static CGROUP_MEMORY_CSS_OFFSET: Global<u32> = Global::new(0);
 static MEMCG_WATERMARK_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static MEMCG_USAGE_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CSS_SET_MEMORY_CSS_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CSS_CGROUP_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_MEMORY_CGROUP: Global<u32> = Global::new(0);
 
 /// A `struct task_struct *` from a tracepoint argument (or the current task).
 pub type Task = *const u8;
@@ -321,6 +327,26 @@ fn memory_css(cgroup: Cgroup) -> Option<u64> {
     // SAFETY: BTF-checked load of `subsys[memory_cgrp_id]`, a css pointer or null.
     let css: u64 = unsafe { field(cgroup, css_offset) };
     (css != 0).then_some(css)
+}
+
+/// The id of the cgroup holding the task's memory controller state
+/// (`task->cgroups->subsys[memory_cgrp_id]->cgroup`): on hybrid hosts its v1 memory cgroup.
+/// 0 without a memory controller.
+#[inline(always)]
+pub fn memory_cgroup_id(task: Task) -> u64 {
+    if TASK_MEMORY_CGROUP.load() == 0 {
+        return 0;
+    }
+    // SAFETY: each pointer comes from a BTF-checked load of the previous one; a fault yields 0.
+    let cgroup: Cgroup = unsafe {
+        let css_set: *const u8 = field(task, TASK_CGROUPS_OFFSET.load());
+        let css: *const u8 = field(css_set, CSS_SET_MEMORY_CSS_OFFSET.load());
+        if css.is_null() {
+            return 0;
+        }
+        field(css, CSS_CGROUP_OFFSET.load())
+    };
+    id_of_cgroup(cgroup)
 }
 
 /// Whether a cgroup belongs to the cgroup2 hierarchy (hierarchy id 0), not a v1 controller.

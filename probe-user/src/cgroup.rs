@@ -191,7 +191,8 @@ pub fn enable_for_children(mount: &Path, dir: &Path, controller: &str) -> std::i
     Ok(true)
 }
 
-/// The cgroup v2 id of a cgroup directory: its inode number.
+/// The id of a cgroup directory (cgroup2's, or a v1 hierarchy's): its inode number, the
+/// kernfs node id the programs read.
 pub fn cgroup_id(dir: &Path) -> std::io::Result<u64> {
     Ok(fs::metadata(dir)?.ino())
 }

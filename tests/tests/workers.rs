@@ -807,6 +807,15 @@ fn the_process_walk_sums_each_process_resident_set_as_statm_says() {
             "round {round}: the walk names process {}, the worker's are {pids:?}",
             walked_worker.pid
         );
+        // It names the cgroup holding that process's memory controller state, as the
+        // kernel's files say: its v1 memory cgroup on hybrid hosts; on pure cgroup2 the
+        // nearest cgroup at or above its own that has the controller.
+        assert_eq!(
+            walked_worker.memory_cgroup_id,
+            Some(memory_cgroup_id_of(walked_worker.pid)),
+            "round {round}: the walk's memory cgroup of process {}",
+            walked_worker.pid
+        );
         let ours = walked_worker.reading;
         eprintln!(
             "round {round}: {} processes: walk {} bytes, statm {before}..{after} (it may lag by {lag_bytes})",
@@ -829,6 +838,31 @@ fn the_process_walk_sums_each_process_resident_set_as_statm_says() {
         // One holder ends (killed and reaped): its pages leave the sum.
         drop(holders.remove(0));
     }
+}
+
+/// The id of the cgroup holding process `pid`'s memory controller state, from
+/// /proc/PID/cgroup and the cgroup directories: its v1 memory cgroup where v1 has the
+/// controller, else the nearest cgroup2 cgroup at or above its own whose `cgroup.controllers`
+/// lists memory (the root has every controller).
+fn memory_cgroup_id_of(pid: u32) -> u64 {
+    let membership = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("membership");
+    let reader = workerprobe::collect::memory::MemoryReader::new();
+    if let Some(mount) = reader.v1_memory_mount() {
+        let path = workerprobe::collect::memory::parse_v1_memory_membership(&membership)
+            .expect("a v1 memory cgroup");
+        return cgroup::cgroup_id(&mount.join(path.trim_start_matches('/'))).expect("its id");
+    }
+    let mount = cgroup::find_cgroup2_mount().expect("cgroup2 mount");
+    let path = cgroup::parse_cgroup2_membership(&membership).expect("a cgroup2 cgroup");
+    let mut dir = mount.join(path.trim_start_matches('/'));
+    while dir != mount
+        && !cgroup::read_controllers(&dir.join("cgroup.controllers"))
+            .iter()
+            .any(|controller| controller == "memory")
+    {
+        dir.pop();
+    }
+    cgroup::cgroup_id(&dir).expect("its id")
 }
 
 /// Each worker's memory from the best source its host has, as the kernel's files give it:

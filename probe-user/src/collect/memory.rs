@@ -26,18 +26,20 @@ pub struct MemoryReader {
     /// Whether the cgroup2 hierarchy can have the memory controller (false where v1 holds
     /// it): without it no `memory.current` is looked for.
     v2_memory: bool,
+    /// The id (its directory's inode) of the v1 memory controller's root cgroup.
+    v1_root_id: Option<u64>,
     /// Each process's v1 memory cgroup as `/proc/PID/cgroup` said it, reused for
     /// [`MEMBERSHIP_FRESH`] (a process rarely moves).
-    v1_membership: HashMap<u32, (Instant, Option<String>)>,
+    v1_membership: HashMap<u32, (Instant, Option<V1Cgroup>)>,
     /// v1 memory cgroups' process lists, each read at most once per [`V1_PROCS_FRESH`]: many
     /// workers' processes often share one (a session's), and listing it per worker per tick
     /// cost the agent most of a core at 1,000 workers.
     v1_procs: HashMap<PathBuf, (Instant, Arc<Vec<u32>>)>,
-    /// v1 memory cgroups found holding processes of more than one worker (or of none), when:
-    /// not listed again for [`V1_SHARED_FRESH`]. Workers' process lists are disjoint, so such
-    /// a cgroup is no worker's alone; the session's cgroup that holds every process a shell
-    /// started was listed twice a second for nothing.
-    v1_shared: HashMap<PathBuf, Instant>,
+    /// v1 memory cgroups (by id) found holding processes of more than one worker (or of
+    /// none), when: not listed again for [`V1_SHARED_FRESH`]. Workers' process lists are
+    /// disjoint, so such a cgroup is no worker's alone; the session's cgroup that holds every
+    /// process a shell started was listed twice a second for nothing.
+    v1_shared: HashMap<u64, Instant>,
     /// The files read every interval, kept open.
     files: KeptFiles,
     /// Workers (by cgroup id) whose memory was found to be their processes' resident sets,
@@ -46,6 +48,14 @@ pub struct MemoryReader {
     rss_chosen: HashMap<u64, Instant>,
     /// When stale entries of `rss_chosen` were last dropped.
     rss_chosen_pruned_at: Instant,
+}
+
+/// A v1 memory cgroup: its path under the controller's mount and its id (its directory's
+/// inode, the id the process walk names it by).
+#[derive(Clone, Debug)]
+struct V1Cgroup {
+    path: String,
+    id: u64,
 }
 
 /// What a sample's walks found, by cgroup id (see the collector's `take_walked_memory`).
@@ -80,9 +90,13 @@ impl MemoryReader {
                 fs::read_to_string(mount.join("cgroup.controllers"))
                     .is_ok_and(|controllers| controllers.split_whitespace().any(|c| c == "memory"))
             });
+        let v1_root_id = v1_memory_mount
+            .as_deref()
+            .and_then(|mount| crate::cgroup::cgroup_id(mount).ok());
         Self {
             v1_memory_mount,
             v2_memory,
+            v1_root_id,
             v1_membership: HashMap::new(),
             v1_procs: HashMap::new(),
             v1_shared: HashMap::new(),
@@ -173,7 +187,7 @@ impl MemoryReader {
             .rss_chosen
             .get(&cgroup_id)
             .is_some_and(|at| now.duration_since(*at) < V1_SHARED_FRESH);
-        if !chosen && !self.v1_known_not_own(found.pid, now) {
+        if !chosen && !self.v1_known_not_own(found, now) {
             return None;
         }
         if !chosen {
@@ -236,41 +250,46 @@ impl MemoryReader {
         self.rss_chosen.insert(cgroup_id, now);
     }
 
-    /// Whether process `pid`'s v1 memory cgroup is known to be no worker's own (the root, or
-    /// found shared less than [`V1_SHARED_FRESH`] ago), or there is no v1 memory controller:
-    /// then the files would give its worker's resident sets too.
-    fn v1_known_not_own(&mut self, pid: u32, now: Instant) -> bool {
-        let Some(mount) = self.v1_memory_mount.clone() else {
+    /// Whether the v1 memory cgroup of the walk's process is known to be no worker's own (the
+    /// root, or found shared less than [`V1_SHARED_FRESH`] ago), or there is no v1 memory
+    /// controller: then the files would give its worker's resident sets too. The walk names
+    /// the cgroup where the kernel has the fields; else /proc/PID/cgroup does (a read per
+    /// worker per [`MEMBERSHIP_FRESH`], most of this reader's cost at 1,000 workers).
+    fn v1_known_not_own(&mut self, found: &WalkedProcesses, now: Instant) -> bool {
+        if self.v1_memory_mount.is_none() {
             return true;
-        };
-        match self.v1_membership_of(pid).as_deref() {
-            None => false,
-            Some("/") => true,
-            Some(v1_path) => self
-                .v1_shared
-                .get(&mount.join(v1_path.trim_start_matches('/')))
-                .is_some_and(|found_at| now.duration_since(*found_at) < V1_SHARED_FRESH),
         }
+        let id = match found.memory_cgroup_id {
+            Some(id) => id,
+            None => match self.v1_membership_of(found.pid) {
+                Some(v1_cgroup) => v1_cgroup.id,
+                None => return false,
+            },
+        };
+        Some(id) == self.v1_root_id || self.v1_shared_now(id, now)
+    }
+
+    /// Whether v1 memory cgroup `id` was found shared less than [`V1_SHARED_FRESH`] ago.
+    fn v1_shared_now(&self, id: u64, now: Instant) -> bool {
+        self.v1_shared
+            .get(&id)
+            .is_some_and(|found_at| now.duration_since(*found_at) < V1_SHARED_FRESH)
     }
 
     /// The v1 memory cgroup of the worker's processes, if it holds nothing else.
     fn read_v1(&mut self, pids: &[u32]) -> Option<MemoryReading> {
         let mount = self.v1_memory_mount.clone()?;
-        let v1_path = self.v1_membership_of(pids[0])?;
+        let v1_cgroup = self.v1_membership_of(pids[0])?;
         // The root memory cgroup holds every process placed nowhere else: never one worker's
         // alone, and listing it would cost a read of every pid on the host per worker.
-        if v1_path == "/" {
+        if Some(v1_cgroup.id) == self.v1_root_id {
             return None;
         }
-        let v1_dir = mount.join(v1_path.trim_start_matches('/'));
         let now = Instant::now();
-        if self
-            .v1_shared
-            .get(&v1_dir)
-            .is_some_and(|found_at| now.duration_since(*found_at) < V1_SHARED_FRESH)
-        {
+        if self.v1_shared_now(v1_cgroup.id, now) {
             return None;
         }
+        let v1_dir = mount.join(v1_cgroup.path.trim_start_matches('/'));
         let v1_pids = self.v1_procs_of(&v1_dir);
         if v1_pids.is_empty() {
             return None;
@@ -281,7 +300,7 @@ impl MemoryReader {
                 self.v1_shared
                     .retain(|_, found_at| now.duration_since(*found_at) < V1_SHARED_FRESH);
             }
-            self.v1_shared.insert(v1_dir, now);
+            self.v1_shared.insert(v1_cgroup.id, now);
             return None;
         }
         v1_reading(&v1_dir, |path| self.read_u64(path))
@@ -293,7 +312,7 @@ impl MemoryReader {
     }
 
     /// The v1 memory cgroup of process `pid`, as read at most [`MEMBERSHIP_FRESH`] ago.
-    fn v1_membership_of(&mut self, pid: u32) -> Option<String> {
+    fn v1_membership_of(&mut self, pid: u32) -> Option<V1Cgroup> {
         let now = Instant::now();
         if let Some((read_at, path)) = self.v1_membership.get(&pid)
             && now.duration_since(*read_at) < MEMBERSHIP_FRESH
@@ -304,11 +323,16 @@ impl MemoryReader {
             self.v1_membership
                 .retain(|_, (read_at, _)| now.duration_since(*read_at) < MEMBERSHIP_FRESH);
         }
-        let path = fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        let v1_cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup"))
             .ok()
-            .and_then(|membership| parse_v1_memory_membership(&membership));
-        self.v1_membership.insert(pid, (now, path.clone()));
-        path
+            .and_then(|membership| parse_v1_memory_membership(&membership))
+            .and_then(|path| {
+                let mount = self.v1_memory_mount.as_deref()?;
+                let id = crate::cgroup::cgroup_id(&mount.join(path.trim_start_matches('/')));
+                Some(V1Cgroup { id: id.ok()?, path })
+            });
+        self.v1_membership.insert(pid, (now, v1_cgroup.clone()));
+        v1_cgroup
     }
 
     /// The processes of a v1 memory cgroup, as read at most [`V1_PROCS_FRESH`] ago.

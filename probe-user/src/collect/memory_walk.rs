@@ -36,6 +36,9 @@ pub struct WalkedProcesses {
     pub reading: MemoryReading,
     /// One of them.
     pub pid: u32,
+    /// The cgroup holding `pid`'s memory controller state, where the kernel told it (on
+    /// hybrid hosts its v1 memory cgroup: the inode of its directory).
+    pub memory_cgroup_id: Option<u64>,
 }
 
 impl WalkEntry for MemoryNow {
@@ -66,6 +69,7 @@ impl WalkEntry for RssNow {
                 source: MemorySource::Rss,
             },
             pid: self.pid,
+            memory_cgroup_id: (self.memory_cgroup_id != 0).then_some(self.memory_cgroup_id),
         }
     }
 }

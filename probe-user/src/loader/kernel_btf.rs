@@ -163,9 +163,15 @@ fn rss_counter_offsets(btf: &Btf) -> anyhow::Result<ProcessOffsets> {
 /// `memory.watermark` reached from its cgroup. Without a memory controller in the kernel, the
 /// cgroup part is 0 (the programs then read no cgroup peak).
 pub fn memory_offsets(btf: &Btf) -> anyhow::Result<MemoryOffsets> {
-    let cgroup_memory_css = memory_controller_id(btf)
-        .and_then(|id| Ok(member_offset(btf, "cgroup", &["subsys"])? + 8 * id))
+    let memory_id = memory_controller_id(btf).ok();
+    let cgroup_memory_css = memory_id
+        .and_then(|id| Some(member_offset(btf, "cgroup", &["subsys"]).ok()? + 8 * id))
         .unwrap_or(0);
+    let task_memory_cgroup = memory_id.and_then(|id| {
+        let css_set_memory_css = member_offset(btf, "css_set", &["subsys"]).ok()? + 8 * id;
+        let css_cgroup = member_offset(btf, "cgroup_subsys_state", &["cgroup"]).ok()?;
+        Some((css_set_memory_css, css_cgroup))
+    });
     let memcg_watermark = memcg_counter_offset(btf, "watermark");
     // `usage` is `atomic_long_t`: its one member, `counter`, is at its start.
     let memcg_usage = memcg_counter_offset(btf, "usage");
@@ -179,6 +185,7 @@ pub fn memory_offsets(btf: &Btf) -> anyhow::Result<MemoryOffsets> {
         },
         memcg_watermark,
         memcg_usage,
+        task_memory_cgroup,
     })
 }
 
@@ -381,6 +388,8 @@ mod tests {
             ("task_struct", &["comm"]),
             ("task_struct", &["mm"]),
             ("css_set", &["dfl_cgrp"]),
+            ("css_set", &["subsys"]),
+            ("cgroup_subsys_state", &["cgroup"]),
             ("cgroup", &["kn"]),
             ("cgroup", &["rstat_base_cpu"]),
             ("cgroup_rstat_base_cpu", &["bstat", "cputime"]),

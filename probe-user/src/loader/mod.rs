@@ -24,8 +24,9 @@ use aya::{
 };
 use probe_common::{
     memory::{
-        CGROUP_MEMORY_CSS_OFFSET_GLOBAL, MEMCG_USAGE_OFFSET_GLOBAL, MEMCG_WATERMARK_OFFSET_GLOBAL,
-        SIGNAL_MAXRSS_OFFSET_GLOBAL, TASK_SIGNAL_OFFSET_GLOBAL,
+        CGROUP_MEMORY_CSS_OFFSET_GLOBAL, CSS_CGROUP_OFFSET_GLOBAL,
+        CSS_SET_MEMORY_CSS_OFFSET_GLOBAL, MEMCG_USAGE_OFFSET_GLOBAL, MEMCG_WATERMARK_OFFSET_GLOBAL,
+        SIGNAL_MAXRSS_OFFSET_GLOBAL, TASK_MEMORY_CGROUP_GLOBAL, TASK_SIGNAL_OFFSET_GLOBAL,
     },
     net::{
         ENDPOINTS_ON_GLOBAL, ENDPOINTS_PER_WORKER_GLOBAL, SOCK_DADDR_OFFSET_GLOBAL,
@@ -417,6 +418,7 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
     // Zero offsets where the kernel has no cpu controller groups: the programs then know no
     // move went through one.
     let cpu_group = task.cpu_group.unwrap_or_default();
+    let task_memory_cgroup = memory.task_memory_cgroup;
     let endpoints_on = u32::from(plan.measured().endpoints);
 
     let possible_cpus = aya::util::nr_cpus().unwrap_or(1);
@@ -560,6 +562,21 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         )
         .override_global(MEMCG_WATERMARK_OFFSET_GLOBAL, &memory.memcg_watermark, true)
         .override_global(MEMCG_USAGE_OFFSET_GLOBAL, &memory.memcg_usage, true)
+        .override_global(
+            CSS_SET_MEMORY_CSS_OFFSET_GLOBAL,
+            &task_memory_cgroup.map_or(0, |(css, _)| css),
+            true,
+        )
+        .override_global(
+            CSS_CGROUP_OFFSET_GLOBAL,
+            &task_memory_cgroup.map_or(0, |(_, cgroup)| cgroup),
+            true,
+        )
+        .override_global(
+            TASK_MEMORY_CGROUP_GLOBAL,
+            &u32::from(task_memory_cgroup.is_some()),
+            true,
+        )
         // One entry per cgroup with a memory controller, from the walk; none without it. Not
         // made smaller by a small --max-workers: the entries are allocated as cgroups need
         // them, and a cgroup without one is read from its files.
