@@ -390,7 +390,8 @@ fn agent_cost_section(out: &mut String, r: &Results) {
         "`workerprobe top --interval 1s > /dev/null` with N active worker cgroups (one process \
          each, ~1 ms of CPU every second); CPU is the agent process's CPU time (all its \
          threads, the kernel's runtime in ns through the process's CPU-time clock, not \
-         /proc's 10 ms ticks) over the window after a warm-up, {}, each with the agent started afresh \
+         /proc's 10 ms ticks) over the window after a warm-up (long enough to hold the agent's \
+         periodic work, whose longest period is 30 s), {}, each with the agent started afresh \
          (RSS and peak RSS are that window's); RSS is VmRSS at the end of the window (the \
          running agent), peak RSS is VmHWM (it includes loading, when the kernel's BTF is \
          parsed).\n",
@@ -689,10 +690,11 @@ fn targets(r: &Results) -> Vec<Target> {
                  in one call; each slot names its owner on each CPU, so the hash of their \
                  owners is not read, and the hashes of workers beyond the slots are read only \
                  once a program made an entry in one), a fifth gathering the counters into \
-                 each worker's record, a tenth turning counters into intervals, a fifteenth \
-                 each worker's memory from the walk (the v1 memory cgroup of the process the \
-                 walk names, read from /proc every 30 s, to look for one of the worker's \
-                 own); the rest the table and the registry. This is the agent with every \
+                 each worker's record, an eighth turning counters into intervals, a \
+                 twenty-fifth each worker's memory from the walk (the walk names the v1 memory \
+                 cgroup of each cgroup's processes too, so none is read from /proc: those \
+                 reads, a thousand every 30 s, were a fifteenth); the rest the table and the \
+                 registry. This is the agent with every \
                  group; with CPU time alone, a cgroup iterator reads every cgroup's per-CPU \
                  times in one walk instead. Where cgroup2 has the memory controller, a cgroup \
                  walk reads every cgroup's memory counters instead (§7 measures it against the \
