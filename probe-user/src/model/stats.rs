@@ -179,7 +179,7 @@ pub struct Delays {
     /// Wakeups from either sleep.
     pub wakeups: u64,
     /// Run-queue waits by length (`probe_common::cpu::runq_bucket`).
-    pub runqueue_wait_hist: Vec<u64>,
+    pub runqueue_wait_hist: [u64; RUNQ_BUCKETS],
     /// Blocked-I/O plus sleep time by wait reason (`probe_common::wait::WAIT_NAMES` order);
     /// sums to `blocked_io_ns + sleep_ns`.
     pub wait_ns: [u64; WAIT_REASONS],
@@ -338,7 +338,9 @@ fn worker_delta(
 ) -> WorkerStats {
     // A worker whose counters went backwards was freed and re-made: count it from zero.
     let before = before.filter(|before| counters_grew(before, now));
-    let cpu_before = |cpu: usize| before.and_then(|b| b.cpu_per_cpu.get(cpu)).copied();
+    // Borrowed, not copied: a worker's counters on one CPU are half a KiB.
+    let zero = probe_common::cpu::CpuStats::default();
+    let cpu_before = |cpu: usize| before.and_then(|b| b.cpu_per_cpu.get(cpu)).unwrap_or(&zero);
     let (mut user_ticks, mut system_ticks) = (0u64, 0u64);
     let mut stats = WorkerStats {
         cgroup_id,
@@ -352,7 +354,7 @@ fn worker_delta(
         ..WorkerStats::default()
     };
     for (cpu, counters) in now.cpu_per_cpu.iter().enumerate() {
-        let base = cpu_before(cpu).unwrap_or_default();
+        let base = cpu_before(cpu);
         stats
             .cpu_ns_per_cpu
             .push(counters.on_cpu_ns - base.on_cpu_ns);
@@ -371,7 +373,6 @@ fn worker_delta(
             delays.wait_ns[reason] += counters.wait_ns[reason].saturating_sub(base.wait_ns[reason]);
             delays.waits[reason] += counters.waits[reason].saturating_sub(base.waits[reason]);
         }
-        delays.runqueue_wait_hist.resize(RUNQ_BUCKETS, 0);
         for (sum, (now, then)) in delays.runqueue_wait_hist.iter_mut().zip(
             counters
                 .runqueue_wait_hist
@@ -541,7 +542,7 @@ mod tests {
     #[test]
     fn runqueue_quantiles_come_from_the_histogram() {
         let mut delays = Delays {
-            runqueue_wait_hist: vec![0; RUNQ_BUCKETS],
+            runqueue_wait_hist: [0; RUNQ_BUCKETS],
             ..Delays::default()
         };
         assert_eq!(delays.runqueue_wait_quantile_ns(0.5), None);

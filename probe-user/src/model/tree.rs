@@ -146,11 +146,6 @@ impl WorkerStats {
         delays.blocked_io_ns += add.blocked_io_ns;
         delays.sleep_ns += add.sleep_ns;
         delays.wakeups += add.wakeups;
-        if delays.runqueue_wait_hist.len() < add.runqueue_wait_hist.len() {
-            delays
-                .runqueue_wait_hist
-                .resize(add.runqueue_wait_hist.len(), 0);
-        }
         for (sum, add) in delays
             .runqueue_wait_hist
             .iter_mut()

@@ -976,7 +976,6 @@ mod tests {
 
     fn interval() -> Interval {
         let mut busy = worker(3, "/busy", [900_000_000, 500_000_000], 0, 10_000_000);
-        busy.delays.runqueue_wait_hist = vec![0; probe_common::cpu::RUNQ_BUCKETS];
         busy.delays.runqueue_wait_hist[2] = 9; // [2, 4) µs
         busy.delays.runqueue_wait_hist[10] = 1; // [512, 1024) µs
         Interval {
@@ -1088,7 +1087,6 @@ mod tests {
         delays.runqueue_wait_ns = 120_000_000;
         delays.blocked_io_ns = 46_000_000;
         delays.sleep_ns = 2_300_000_000;
-        delays.runqueue_wait_hist = vec![0; probe_common::cpu::RUNQ_BUCKETS];
         delays.runqueue_wait_hist[2] = 80; // [2, 4) µs
         delays.runqueue_wait_hist[10] = 15; // [512, 1024) µs
         delays.runqueue_wait_hist[14] = 5; // [8, 16) ms
