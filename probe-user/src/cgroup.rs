@@ -5,7 +5,6 @@
 //! `bpf_get_current_cgroup_id` returns in the programs.
 
 use std::{
-    collections::HashMap,
     fs,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
@@ -203,12 +202,12 @@ pub fn cgroup_id(dir: &Path) -> std::io::Result<u64> {
 pub struct CgroupIndex {
     mount: PathBuf,
     /// Shared with every sample that names the cgroup: a clone is a count, not a copy.
-    paths: HashMap<u64, Arc<str>>,
+    paths: crate::IdMap<Arc<str>>,
     /// Removed cgroups a walk no longer finds, oldest first: their path is still asked for
     /// (a worker removed inside a window is named in its report) until
     /// [`CgroupIndex::forget`], and at most [`MAX_GONE`] are kept for callers that never
     /// forget (`top`).
-    gone: HashMap<u64, Arc<str>>,
+    gone: crate::IdMap<Arc<str>>,
     /// The ids of `gone`, oldest first (forgotten ones are skipped when evicting).
     gone_order: std::collections::VecDeque<u64>,
     /// When the hierarchy was last walked: walks are rate-limited, since the kernel's
@@ -227,8 +226,8 @@ impl CgroupIndex {
     pub fn new(mount: PathBuf) -> Self {
         let mut index = Self {
             mount,
-            paths: HashMap::new(),
-            gone: HashMap::new(),
+            paths: crate::IdMap::default(),
+            gone: crate::IdMap::default(),
             gone_order: std::collections::VecDeque::new(),
             last_walk: None,
         };

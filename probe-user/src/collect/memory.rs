@@ -39,13 +39,13 @@ pub struct MemoryReader {
     /// none), when: not listed again for [`V1_SHARED_FRESH`]. Workers' process lists are
     /// disjoint, so such a cgroup is no worker's alone; the session's cgroup that holds every
     /// process a shell started was listed twice a second for nothing.
-    v1_shared: HashMap<u64, Instant>,
+    v1_shared: crate::IdMap<Instant>,
     /// The files read every interval, kept open.
     files: KeptFiles,
     /// Workers (by cgroup id) whose memory was found to be their processes' resident sets,
     /// and when: for [`V1_SHARED_FRESH`] the process walk's sum is taken without a look for a
     /// v1 memory cgroup of their own.
-    rss_chosen: HashMap<u64, Instant>,
+    rss_chosen: crate::IdMap<Instant>,
     /// When stale entries of `rss_chosen` were last dropped.
     rss_chosen_pruned_at: Instant,
 }
@@ -62,9 +62,9 @@ struct V1Cgroup {
 #[derive(Debug, Default)]
 pub struct WalkedMemory {
     /// The memory walk's counters of every cgroup with a memory controller of its own.
-    pub cgroups: Option<HashMap<u64, MemoryReading>>,
+    pub cgroups: Option<crate::IdMap<MemoryReading>>,
     /// The process walk's resident sets, summed for every cgroup that holds a process.
-    pub processes: Option<HashMap<u64, WalkedProcesses>>,
+    pub processes: Option<crate::IdMap<WalkedProcesses>>,
 }
 
 /// How long a v1 memory cgroup's process list is reused: a cgroup a worker owns is dropped
@@ -99,9 +99,9 @@ impl MemoryReader {
             v1_root_id,
             v1_membership: HashMap::new(),
             v1_procs: HashMap::new(),
-            v1_shared: HashMap::new(),
+            v1_shared: crate::IdMap::default(),
             files: KeptFiles::new(),
-            rss_chosen: HashMap::new(),
+            rss_chosen: crate::IdMap::default(),
             rss_chosen_pruned_at: Instant::now(),
         }
     }
@@ -123,7 +123,7 @@ impl MemoryReader {
     fn read_files<D: AsRef<Path>>(
         &mut self,
         dir: impl FnOnce() -> D,
-        rss: Option<(&HashMap<u64, WalkedProcesses>, u64)>,
+        rss: Option<(&crate::IdMap<WalkedProcesses>, u64)>,
     ) -> Option<MemoryReading> {
         let dir = std::cell::LazyCell::new(dir);
         if self.v2_memory
@@ -178,7 +178,7 @@ impl MemoryReader {
     /// or no room in its map) is left to the files.
     fn walked_rss(
         &mut self,
-        rss: Option<(&HashMap<u64, WalkedProcesses>, u64)>,
+        rss: Option<(&crate::IdMap<WalkedProcesses>, u64)>,
     ) -> Option<MemoryReading> {
         let (walked, cgroup_id) = rss?;
         let found = walked.get(&cgroup_id)?;

@@ -6,7 +6,7 @@
 //! - the process walk: every process's resident pages summed by cgroup, where it does not
 //!   (hybrid hosts): each worker's process list and each process's statm file were half.
 
-use std::{collections::HashMap, os::fd::AsFd as _};
+use std::os::fd::AsFd as _;
 
 use anyhow::Context as _;
 use aya::maps::{IterableMap as _, MapData};
@@ -107,7 +107,7 @@ impl<V: WalkEntry> MemoryWalk<V> {
     /// One walk: what it found of every cgroup it wrote an entry for, by cgroup id. Entries
     /// no walk rewrote since an earlier one are of cgroups that are gone (or, for the process
     /// walk, hold no process now): freed.
-    pub fn read(&mut self) -> anyhow::Result<HashMap<u64, V::Found>> {
+    pub fn read(&mut self) -> anyhow::Result<crate::IdMap<V::Found>> {
         self.iter.walk().context("walking for memory")?;
         let walk = self
             .last_walk
@@ -118,7 +118,8 @@ impl<V: WalkEntry> MemoryWalk<V> {
         // hash map's values are laid out as one per-CPU value).
         unsafe { super::batch::read_first(fd, usize::MAX, &mut self.entries) }
             .context("reading a memory walk's map")?;
-        let mut memory = HashMap::with_capacity(self.entries.len());
+        let mut memory =
+            crate::IdMap::with_capacity_and_hasher(self.entries.len(), Default::default());
         for (cgroup_id, now) in self.entries.iter() {
             let Some(now) = now.first() else { continue };
             if now.walk() != walk {

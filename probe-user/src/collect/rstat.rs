@@ -1,10 +1,7 @@
 //! CPU time from the kernel's own per-cgroup accounting: the cgroup iterator's walk at each
 //! sample, and the removal program's final read of a removed cgroup.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    os::fd::AsFd as _,
-};
+use std::{collections::BTreeMap, os::fd::AsFd as _};
 
 use anyhow::Context as _;
 use aya::maps::{IterableMap as _, MapData};
@@ -30,7 +27,7 @@ pub struct RstatReader {
     final_cpu: aya::maps::HashMap<MapData, RstatKey, RstatCpu>,
     /// What the cgroups that existed at the start had run before it: the kernel counts from a
     /// cgroup's birth, the agent from its own start, as with every other counter.
-    baseline: HashMap<u64, Vec<RstatCpu>>,
+    baseline: crate::IdMap<Vec<RstatCpu>>,
     cpus: usize,
     /// The last read of `cpu_now`, its buffers kept for the next.
     entries: PerCpuEntries<RstatKey, RstatNow>,
@@ -54,7 +51,7 @@ impl RstatReader {
             cpu_now: aya::maps::HashMap::try_from(maps.cpu_now).context("map CPU_NOW")?,
             last_walk: aya::maps::Array::try_from(maps.last_walk).context("map LAST_WALK")?,
             final_cpu: aya::maps::HashMap::try_from(maps.final_cpu).context("map FINAL_CPU")?,
-            baseline: HashMap::new(),
+            baseline: crate::IdMap::default(),
             cpus,
             entries: PerCpuEntries::new(1),
         };

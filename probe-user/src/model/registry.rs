@@ -1,8 +1,6 @@
 //! The worker registry: which cgroups are workers, what they are called, when they started,
 //! and what is known of them between samples (memory, the kernel's user/system split).
 
-use std::collections::HashMap;
-
 use super::{
     CpuStatUsec, LifecycleEvent, MemoryReading, Sample,
     identity::{Identity, identify},
@@ -63,7 +61,7 @@ impl WorkerRecord {
 /// Every selected worker alive (or just removed), by cgroup id.
 #[derive(Debug)]
 pub struct WorkerRegistry {
-    records: HashMap<u64, WorkerRecord>,
+    records: crate::IdMap<WorkerRecord>,
     selection: Selection,
 }
 
@@ -71,7 +69,7 @@ impl WorkerRegistry {
     /// An empty registry of the workers `selection` picks.
     pub fn new(selection: Selection) -> Self {
         Self {
-            records: HashMap::new(),
+            records: crate::IdMap::default(),
             selection,
         }
     }

@@ -10,7 +10,7 @@ mod cri;
 mod docker;
 mod podman;
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
 use crate::model::identity::{ContainerInfo, Identity, PodNames, WorkerKind, identify};
 
@@ -74,7 +74,7 @@ const MAX_NAMED: usize = 32_768;
 /// cgroup and shared.
 pub struct WorkerNames {
     runtimes: Runtimes,
-    named: HashMap<u64, Arc<Identity>>,
+    named: crate::IdMap<Arc<Identity>>,
 }
 
 impl WorkerNames {
@@ -82,7 +82,7 @@ impl WorkerNames {
     pub fn new(runtimes: Runtimes) -> Self {
         Self {
             runtimes,
-            named: HashMap::new(),
+            named: crate::IdMap::default(),
         }
     }
 
