@@ -164,7 +164,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
                         interval.retain_selected(&selection);
                         let walked = collector.collector().take_walked_memory();
                         memory.read_active(&mut interval, &walked, |path| collector.collector().cgroups().dir_of(path));
-                        previous = current;
+                        collector.recycle(std::mem::replace(&mut previous, current));
                         // Sampling goes on while paused, so the first interval after resuming is
                         // one tick long.
                         if !view.paused {
@@ -230,7 +230,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
             return Ok(());
         }
         let _ = writeln!(stdout);
-        previous = current;
+        collector.recycle(std::mem::replace(&mut previous, current));
     }
 }
 

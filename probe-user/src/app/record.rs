@@ -81,7 +81,7 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
         encode_exits(&mut lines, &exits)?;
         note_clock(&mut lines, &mut clock_noted)?;
         writer.write_tick(&lines)?;
-        previous = current;
+        watcher.recycle(std::mem::replace(&mut previous, current));
         if stop {
             tokio::time::sleep(FINAL_SETTLE).await;
             let give_up = std::time::Instant::now() + super::watch::FINAL_WAIT;

@@ -218,6 +218,7 @@ impl Collection {
             .map(|(name, &total)| ((*name).to_string(), total))
             .collect();
         self.series.expire(now);
+        self.watcher.recycle(sample);
         self.trees.observe(self.watcher.live_trees());
         self.trees.expire(now);
         self.collection_duration_seconds = started.elapsed().as_secs_f64();

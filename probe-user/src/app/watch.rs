@@ -454,6 +454,11 @@ impl Watcher {
         self.boot_offset_ns
     }
 
+    /// Takes back a sample the caller is done with (see [`Source::recycle`]).
+    pub fn recycle(&mut self, spent: Sample) {
+        self.collector.recycle(spent);
+    }
+
     /// The collector, e.g. for drops or the cgroup index.
     pub fn collector(&mut self) -> &mut KernelCollector {
         &mut self.collector
@@ -514,7 +519,8 @@ pub async fn watch(args: &WatchArgs) -> anyhow::Result<()> {
     let mut next_sample = Instant::now();
     loop {
         if Instant::now() >= next_sample {
-            watcher.sample()?;
+            let sample = watcher.sample()?;
+            watcher.recycle(sample);
             next_sample = Instant::now() + args.interval;
         }
         let mut lines = Vec::new();

@@ -51,6 +51,11 @@ use crate::{
 pub trait Source {
     /// Reads every worker's counters as of now.
     fn sample(&mut self) -> anyhow::Result<Sample>;
+
+    /// Takes back a sample the caller is done with, to reuse its buffers for the next.
+    fn recycle(&mut self, spent: Sample) {
+        drop(spent);
+    }
 }
 
 /// Lifecycle events kept for a caller that has not asked for them.
@@ -110,9 +115,9 @@ pub struct KernelCollector {
     /// Each worker's socket calls at the last read of `endpoints`, and what that read gave:
     /// every endpoint update comes with a socket call, so while the calls stand still the
     /// endpoints do too, and the read (a scan of the map's every bucket) is skipped.
-    endpoints_read_at_calls: std::collections::HashMap<u64, u64>,
+    endpoints_read_at_calls: crate::IdMap<u64>,
     /// The calls of this sample, its buffer kept for the next.
-    calls_now: std::collections::HashMap<u64, u64>,
+    calls_now: crate::IdMap<u64>,
     last_endpoints: Vec<EndpointDelta>,
     /// Process workers' endpoints and their counts (absent from a pinned set).
     process_endpoint_maps: Option<ProcessEndpointMaps>,
@@ -159,7 +164,13 @@ pub struct KernelCollector {
     /// What the last sample's walks found, until taken.
     walked_memory: WalkedMemory,
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
-    reported_on_cpu_ns: std::collections::HashMap<u64, Vec<u64>>,
+    reported_on_cpu_ns: crate::IdMap<Vec<u64>>,
+    /// Per-CPU vectors of spent samples' workers, emptied, for the next sample's (at most
+    /// one per worker of the last sample): a thousand workers made and freed a thousand
+    /// vectors a second.
+    spare_per_cpu: Vec<Vec<CpuStats>>,
+    /// Workers in the last sample: how many spare vectors are kept.
+    last_sample_workers: usize,
     cgroups: CgroupIndex,
     /// Each cgroup's identity, with its container runtime's names.
     names: WorkerNames,
@@ -280,7 +291,9 @@ impl KernelCollector {
             pending_events: std::collections::VecDeque::new(),
             events_taken: false,
             last_switch,
-            reported_on_cpu_ns: std::collections::HashMap::new(),
+            reported_on_cpu_ns: crate::IdMap::default(),
+            spare_per_cpu: Vec::new(),
+            last_sample_workers: 0,
             finished: std::collections::VecDeque::new(),
             finished_ids: std::collections::HashSet::new(),
             heap: HeapReturn::new(),
@@ -294,8 +307,8 @@ impl KernelCollector {
             endpoints,
             endpoint_counts,
             endpoint_slots,
-            endpoints_read_at_calls: std::collections::HashMap::new(),
-            calls_now: std::collections::HashMap::new(),
+            endpoints_read_at_calls: crate::IdMap::default(),
+            calls_now: crate::IdMap::default(),
             last_endpoints: Vec::new(),
             process_endpoint_maps,
             process_endpoints: None,
@@ -424,7 +437,19 @@ impl Source for KernelCollector {
         self.add_running_slices(&mut sample, running);
         self.never_go_backwards(&mut sample);
         sample.drops = self.read_drops()?;
+        self.last_sample_workers = sample.workers.len();
         Ok(sample)
+    }
+
+    fn recycle(&mut self, spent: Sample) {
+        for (_, worker) in spent.workers {
+            if self.spare_per_cpu.len() >= self.last_sample_workers {
+                break;
+            }
+            let mut per_cpu = worker.cpu_per_cpu;
+            per_cpu.clear();
+            self.spare_per_cpu.push(per_cpu);
+        }
     }
 }
 
@@ -797,28 +822,39 @@ impl KernelCollector {
     /// The programs count a slice only when it ends. A CPU whose switch count is the same
     /// before and after reading the map ran one slice throughout: the map lacks it, and its
     /// thread's runtime since its switch-in is exactly what the program will add at its end.
-    /// If a busy CPU switched while we read, read again (a few times at most); what is still
-    /// unsettled then is left to the next sample.
+    /// If a CPU switched while we read, and the slice it was running had been long, read again
+    /// (a few times at most); what is still unsettled then is left to the next sample.
     fn read_cpu_consistently(&mut self) -> anyhow::Result<(CpuPerWorker, Vec<RunningSlice>)> {
         const ATTEMPTS: usize = 3;
+        /// A running slice this long, on a CPU that switched while the maps were read, is
+        /// worth a read again.
+        const LONG_SLICE_NS: u64 = 10_000_000;
         let mut attempt = 0;
+        let mut gathered: Vec<(u64, Vec<CpuStats>)> = Vec::new();
         loop {
             attempt += 1;
             let before = self.read_last_switches()?;
             // The slots hold socket counters too: kept from the read that is used.
             self.slot_net.clear();
-            let mut gathered: Vec<(u64, Vec<CpuStats>)> = Vec::new();
+            // A read again (a busy CPU switched meanwhile, as at most samples of a thousand
+            // ticking workers) reuses the last read's vectors.
+            for (_, mut per_cpu) in gathered.drain(..) {
+                per_cpu.clear();
+                self.spare_per_cpu.push(per_cpu);
+            }
             if self.hash_used(HASHED_CPU) {
                 read_all_into(&self.cpu_stats, &mut self.cpu_entries)?;
-                gathered.extend(
-                    self.cpu_entries
-                        .iter()
-                        .map(|(cgroup_id, per_cpu)| (cgroup_id, per_cpu.to_vec())),
-                );
+                for (cgroup_id, per_cpu) in self.cpu_entries.iter() {
+                    let mut stats = self.spare_per_cpu.pop().unwrap_or_default();
+                    stats.extend_from_slice(per_cpu);
+                    gathered.push((cgroup_id, stats));
+                }
             }
             if let Some(slots) = &mut self.cpu_slots {
                 for (cgroup_id, per_cpu) in slots.read()? {
-                    gathered.push((cgroup_id, per_cpu.iter().map(|slot| slot.stats).collect()));
+                    let mut stats = self.spare_per_cpu.pop().unwrap_or_default();
+                    stats.extend(per_cpu.iter().map(|slot| slot.stats));
+                    gathered.push((cgroup_id, stats));
                     // Summed over CPUs here: no vector per worker.
                     let mut net = NetStats::default();
                     for on_cpu in per_cpu {
@@ -852,11 +888,16 @@ impl KernelCollector {
                 after.get(cpu).map(|record| record.switch_count)
                     == before.get(cpu).map(|record| record.switch_count)
             };
-            let unsettled = before
+            // A CPU that switched meanwhile ended the slice it was running: that slice is in
+            // this read or the next, and only what it ran is unsure. A read again is worth it
+            // for a long one (a thread alone on its CPU, whose whole run would otherwise wait a
+            // sample); a busy CPU's short slices are left to the next sample: at a thousand
+            // ticking workers some CPU switched during nearly every read, and each read again
+            // cost as much as the first.
+            let long_slice_unsure = running
                 .iter()
-                .enumerate()
-                .any(|(cpu, record)| record.next_tid != 0 && !settled(cpu));
-            if !unsettled || attempt == ATTEMPTS {
+                .any(|slice| !settled(slice.cpu) && slice.slice_ns >= LONG_SLICE_NS);
+            if !long_slice_unsure || attempt == ATTEMPTS {
                 running.retain(|slice| settled(slice.cpu));
                 return Ok((sorted_per_worker(gathered), running));
             }
