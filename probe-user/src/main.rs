@@ -12,14 +12,10 @@ use workerprobe::{
 fn main() -> ExitCode {
     // Fixed thresholds: glibc's adaptive ones rise after the first large free, after which
     // a burst's large buffers come from the heap and its freed pages stay with the process.
-    // Above 128 KiB, though, each sample's buffers at a thousand workers (a few hundred KiB
-    // each) were mapped, faulted in and unmapped every second: a fifteenth of the agent's CPU.
-    // They come from the heap now and are reused; what a burst leaves free there goes back
-    // through `collect::heap`.
     // SAFETY: mallopt only sets the allocator's parameters, before any thread starts.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 8 << 20);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 * 1024);
     }
     // Bad flags and values: clap prints the reason and exits with 2.
     let cli = Cli::parse();
