@@ -77,6 +77,25 @@ type Workers = std::collections::BTreeMap<u64, WorkerCounters>;
 /// CPU counters per cgroup id, per CPU: sorted by cgroup id, one entry each.
 type CpuPerWorker = Vec<(u64, Vec<CpuStats>)>;
 
+/// Emptied per-CPU vectors, reused for the next read's workers.
+#[derive(Default)]
+struct SparePerCpu(Vec<Vec<CpuStats>>);
+
+impl SparePerCpu {
+    /// A vector holding `counters`, reusing a spare one if there is.
+    fn filled(&mut self, counters: impl Iterator<Item = CpuStats>) -> Vec<CpuStats> {
+        let mut per_cpu = self.0.pop().unwrap_or_default();
+        per_cpu.extend(counters);
+        per_cpu
+    }
+
+    /// Keeps `per_cpu`, emptied, for a later [`SparePerCpu::filled`].
+    fn give(&mut self, mut per_cpu: Vec<CpuStats>) {
+        per_cpu.clear();
+        self.0.push(per_cpu);
+    }
+}
+
 /// A slice still running on a CPU when the maps were read.
 struct RunningSlice {
     cpu: usize,
@@ -168,7 +187,7 @@ pub struct KernelCollector {
     /// Per-CPU vectors of spent samples' workers, emptied, for the next sample's (at most
     /// one per worker of the last sample): a thousand workers made and freed a thousand
     /// vectors a second.
-    spare_per_cpu: Vec<Vec<CpuStats>>,
+    spare_per_cpu: SparePerCpu,
     /// Workers in the last sample: how many spare vectors are kept.
     last_sample_workers: usize,
     cgroups: CgroupIndex,
@@ -292,7 +311,7 @@ impl KernelCollector {
             events_taken: false,
             last_switch,
             reported_on_cpu_ns: crate::IdMap::default(),
-            spare_per_cpu: Vec::new(),
+            spare_per_cpu: SparePerCpu::default(),
             last_sample_workers: 0,
             finished: std::collections::VecDeque::new(),
             finished_ids: std::collections::HashSet::new(),
@@ -443,12 +462,10 @@ impl Source for KernelCollector {
 
     fn recycle(&mut self, spent: Sample) {
         for (_, worker) in spent.workers {
-            if self.spare_per_cpu.len() >= self.last_sample_workers {
+            if self.spare_per_cpu.0.len() >= self.last_sample_workers {
                 break;
             }
-            let mut per_cpu = worker.cpu_per_cpu;
-            per_cpu.clear();
-            self.spare_per_cpu.push(per_cpu);
+            self.spare_per_cpu.give(worker.cpu_per_cpu);
         }
     }
 }
@@ -838,22 +855,21 @@ impl KernelCollector {
             self.slot_net.clear();
             // A read again (a busy CPU switched meanwhile, as at most samples of a thousand
             // ticking workers) reuses the last read's vectors.
-            for (_, mut per_cpu) in gathered.drain(..) {
-                per_cpu.clear();
-                self.spare_per_cpu.push(per_cpu);
+            for (_, per_cpu) in gathered.drain(..) {
+                self.spare_per_cpu.give(per_cpu);
             }
             if self.hash_used(HASHED_CPU) {
                 read_all_into(&self.cpu_stats, &mut self.cpu_entries)?;
                 for (cgroup_id, per_cpu) in self.cpu_entries.iter() {
-                    let mut stats = self.spare_per_cpu.pop().unwrap_or_default();
-                    stats.extend_from_slice(per_cpu);
+                    let stats = self.spare_per_cpu.filled(per_cpu.iter().copied());
                     gathered.push((cgroup_id, stats));
                 }
             }
             if let Some(slots) = &mut self.cpu_slots {
                 for (cgroup_id, per_cpu) in slots.read()? {
-                    let mut stats = self.spare_per_cpu.pop().unwrap_or_default();
-                    stats.extend(per_cpu.iter().map(|slot| slot.stats));
+                    let stats = self
+                        .spare_per_cpu
+                        .filled(per_cpu.iter().map(|slot| slot.stats));
                     gathered.push((cgroup_id, stats));
                     // Summed over CPUs here: no vector per worker.
                     let mut net = NetStats::default();
