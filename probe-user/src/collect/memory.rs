@@ -71,8 +71,10 @@ pub struct WalkedMemory {
 /// this soon after another process joins it.
 const V1_PROCS_FRESH: Duration = Duration::from_millis(500);
 /// How long a v1 memory cgroup found shared stays so without a look: one that a worker comes
-/// to own alone is read as the worker's memory this late (its RSS is shown meanwhile).
-const V1_SHARED_FRESH: Duration = Duration::from_secs(10);
+/// to own alone is read as the worker's memory this late (its RSS is shown meanwhile). A
+/// session's cgroup holding a thousand workers' processes took a sixtieth of the agent's CPU
+/// to list every 10 s.
+const V1_SHARED_FRESH: Duration = Duration::from_secs(30);
 /// How long a process's v1 memory cgroup is reused. A stale one is safe: the cgroup's own
 /// process list is checked against the worker's every [`V1_PROCS_FRESH`].
 const MEMBERSHIP_FRESH: Duration = Duration::from_secs(30);
