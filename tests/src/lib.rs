@@ -255,7 +255,7 @@ pub fn settled_sample(collector: &mut KernelCollector, cgroup_id: u64) -> Sample
     use workerprobe::collect::Source as _;
     let moving = |sample: &Sample| {
         let worker = counters(sample, cgroup_id);
-        (worker.cpu_per_cpu, worker.net)
+        (worker.on_cpu_ns_per_cpu, worker.sched, worker.net)
     };
     let mut last = collector.sample().expect("sample");
     for _ in 0..150 {

@@ -220,10 +220,8 @@ fn a_thread_moved_while_it_sleeps_has_its_sleep_split_at_the_move() {
         let ns: u64 = [&before, &after]
             .map(|sample| {
                 workerprobe_tests::counters(sample, cgroup.id)
-                    .cpu_per_cpu
-                    .iter()
-                    .map(|cpu| cpu.sleep_ns)
-                    .sum::<u64>()
+                    .sched
+                    .sleep_ns
             })
             .into_iter()
             .rev()

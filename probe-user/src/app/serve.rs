@@ -418,14 +418,19 @@ impl SeriesBook {
 
 /// Field by field the larger of two readings of one worker's cumulative counters.
 fn monotonic(previous: &WorkerCounters, mut current: WorkerCounters) -> WorkerCounters {
-    if current.cpu_per_cpu.len() < previous.cpu_per_cpu.len() {
+    if current.on_cpu_ns_per_cpu.len() < previous.on_cpu_ns_per_cpu.len() {
         current
-            .cpu_per_cpu
-            .resize(previous.cpu_per_cpu.len(), CpuStats::default());
+            .on_cpu_ns_per_cpu
+            .resize(previous.on_cpu_ns_per_cpu.len(), 0);
     }
-    for (cur, prev) in current.cpu_per_cpu.iter_mut().zip(&previous.cpu_per_cpu) {
-        *cur = max_cpu(prev, cur);
+    for (cur, prev) in current
+        .on_cpu_ns_per_cpu
+        .iter_mut()
+        .zip(&previous.on_cpu_ns_per_cpu)
+    {
+        *cur = (*cur).max(*prev);
     }
+    *current.sched = max_cpu(&previous.sched, &current.sched);
     current.net = max_net(&previous.net, &current.net);
     for before in &previous.endpoints {
         match current.endpoints.iter_mut().find(|e| e.key == before.key) {
@@ -630,13 +635,7 @@ mod tests {
 
     fn counters(on_cpu_ns: u64, sent_bytes: u64) -> WorkerCounters {
         let mut counters = WorkerCounters {
-            cpu_per_cpu: vec![
-                CpuStats {
-                    on_cpu_ns,
-                    ..CpuStats::default()
-                },
-                CpuStats::default(),
-            ],
+            on_cpu_ns_per_cpu: vec![on_cpu_ns, 0],
             ..WorkerCounters::default()
         };
         counters.net.families[FAMILY_IPV4].sent_bytes = sent_bytes;

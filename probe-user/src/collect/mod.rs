@@ -74,25 +74,46 @@ const MAX_REMOVED_PEAKS: usize = 16_384;
 /// A sample's workers by cgroup id, as [`Sample::workers`] holds them.
 type Workers = std::collections::BTreeMap<u64, WorkerCounters>;
 
-/// CPU counters per cgroup id, per CPU: sorted by cgroup id, one entry each.
-type CpuPerWorker = Vec<(u64, Vec<CpuStats>)>;
+/// CPU counters per cgroup id: sorted by cgroup id, one entry each.
+type CpuPerWorker = Vec<(u64, WorkerCounters)>;
 
-/// Emptied per-CPU vectors, reused for the next read's workers.
+/// A spent worker's vector of on-CPU time per CPU and box of summed counters, reused for the
+/// next read's workers.
 #[derive(Default)]
-struct SparePerCpu(Vec<Vec<CpuStats>>);
+struct SparePerCpu(Vec<(Vec<u64>, Box<CpuStats>)>);
 
 impl SparePerCpu {
-    /// A vector holding `counters`, reusing a spare one if there is.
-    fn filled(&mut self, counters: impl Iterator<Item = CpuStats>) -> Vec<CpuStats> {
-        let mut per_cpu = self.0.pop().unwrap_or_default();
-        per_cpu.extend(counters);
-        per_cpu
+    /// A worker's scheduler counters from its counters on each CPU (on-CPU time kept per
+    /// CPU, the rest summed), in spare buffers if there are.
+    fn counters<'a>(&mut self, per_cpu: impl Iterator<Item = &'a CpuStats>) -> WorkerCounters {
+        let (on_cpu_ns_per_cpu, sched) = self.0.pop().unwrap_or_default();
+        // Field by field: `..Default::default()` would allocate a box only to drop it.
+        let mut worker = WorkerCounters {
+            path: None,
+            identity: None,
+            on_cpu_ns_per_cpu,
+            sched,
+            net: Default::default(),
+            cpu_stat: None,
+            endpoints: Vec::new(),
+            exit_memory: None,
+        };
+        for (cpu, counters) in per_cpu.enumerate() {
+            worker.add_cpu(cpu, counters);
+        }
+        worker
     }
 
-    /// Keeps `per_cpu`, emptied, for a later [`SparePerCpu::filled`].
-    fn give(&mut self, mut per_cpu: Vec<CpuStats>) {
-        per_cpu.clear();
-        self.0.push(per_cpu);
+    /// Keeps the buffers of `worker`, emptied, for a later [`SparePerCpu::counters`].
+    fn give(&mut self, worker: WorkerCounters) {
+        let WorkerCounters {
+            mut on_cpu_ns_per_cpu,
+            mut sched,
+            ..
+        } = worker;
+        on_cpu_ns_per_cpu.clear();
+        *sched = CpuStats::default();
+        self.0.push((on_cpu_ns_per_cpu, sched));
     }
 }
 
@@ -188,6 +209,8 @@ pub struct KernelCollector {
     /// one per worker of the last sample): a thousand workers made and freed a thousand
     /// vectors a second.
     spare_per_cpu: SparePerCpu,
+    /// The last read's CPU counters per worker, kept for its buffer.
+    gathered: CpuPerWorker,
     /// Workers in the last sample: how many spare vectors are kept.
     last_sample_workers: usize,
     cgroups: CgroupIndex,
@@ -312,6 +335,7 @@ impl KernelCollector {
             last_switch,
             reported_on_cpu_ns: crate::IdMap::default(),
             spare_per_cpu: SparePerCpu::default(),
+            gathered: Vec::new(),
             last_sample_workers: 0,
             finished: std::collections::VecDeque::new(),
             finished_ids: std::collections::HashSet::new(),
@@ -378,24 +402,13 @@ impl Source for KernelCollector {
             usize::MAX
         };
         self.pull_events(room);
-        let (cpu_per_worker, running) = self.read_cpu_consistently()?;
+        let running = self.read_cpu_consistently()?;
         // The sample's first workers, sorted and unique: built in one pass (a thousand
         // inserts one by one were a twentieth of the agent's CPU at a thousand workers).
-        sample.workers = cpu_per_worker
-            .into_iter()
-            .map(|(cgroup_id, cpu_per_cpu)| {
-                let counters = WorkerCounters {
-                    cpu_per_cpu,
-                    ..WorkerCounters::default()
-                };
-                (cgroup_id, counters)
-            })
-            .collect();
+        sample.workers = self.gathered.drain(..).collect();
         if let Some(rstat) = self.rstat.as_mut() {
             for (cgroup_id, times) in rstat.read()? {
-                let per_cpu = &mut sample.workers.entry(cgroup_id).or_default().cpu_per_cpu;
-                per_cpu.resize(self.cpus, CpuStats::default());
-                rstat::apply(per_cpu, &times);
+                rstat::apply(sample.workers.entry(cgroup_id).or_default(), &times);
             }
         }
         self.free_late_counters(&mut sample.workers);
@@ -451,7 +464,7 @@ impl Source for KernelCollector {
                 .as_deref()
                 .map(|path| self.names.identity(*cgroup_id, path));
             // Workers seen only in the network map still get one entry per CPU.
-            worker.cpu_per_cpu.resize(self.cpus, CpuStats::default());
+            worker.on_cpu_ns_per_cpu.resize(self.cpus, 0);
         }
         self.add_running_slices(&mut sample, running);
         self.never_go_backwards(&mut sample);
@@ -465,7 +478,7 @@ impl Source for KernelCollector {
             if self.spare_per_cpu.0.len() >= self.last_sample_workers {
                 break;
             }
-            self.spare_per_cpu.give(worker.cpu_per_cpu);
+            self.spare_per_cpu.give(worker);
         }
     }
 }
@@ -569,18 +582,18 @@ impl KernelCollector {
             return None;
         }
         let mut worker = WorkerCounters {
-            cpu_per_cpu: vec![CpuStats::default(); self.cpus],
+            on_cpu_ns_per_cpu: vec![0; self.cpus],
             exit_memory,
             ..WorkerCounters::default()
         };
-        let slotted_cpu = slotted
-            .as_ref()
-            .map(|per_cpu| per_cpu.iter().map(|slot| slot.stats).collect::<Vec<_>>());
-        for per_cpu in [hashed, slotted_cpu].into_iter().flatten() {
-            add_per_cpu(&mut worker.cpu_per_cpu, &per_cpu);
+        for (cpu, counters) in hashed.iter().flatten().enumerate() {
+            worker.add_cpu(cpu, counters);
+        }
+        for (cpu, slot) in slotted.iter().flatten().enumerate() {
+            worker.add_cpu(cpu, &slot.stats);
         }
         if let Some(times) = final_cpu {
-            rstat::apply(&mut worker.cpu_per_cpu, &times);
+            rstat::apply(&mut worker, &times);
         }
         let slotted_net = slotted.map(|per_cpu| per_cpu.iter().map(|slot| slot.net).collect());
         for per_cpu in [net, slotted_net].into_iter().flatten() {
@@ -840,14 +853,14 @@ impl KernelCollector {
     /// before and after reading the map ran one slice throughout: the map lacks it, and its
     /// thread's runtime since its switch-in is exactly what the program will add at its end.
     /// If a CPU switched while we read, and the slice it was running had been long, read again
-    /// (a few times at most); what is still unsettled then is left to the next sample.
-    fn read_cpu_consistently(&mut self) -> anyhow::Result<(CpuPerWorker, Vec<RunningSlice>)> {
+    /// (a few times at most); what is still unsettled then is left to the next sample. The
+    /// counters go to `self.gathered`, sorted by cgroup id; the running slices are returned.
+    fn read_cpu_consistently(&mut self) -> anyhow::Result<Vec<RunningSlice>> {
         const ATTEMPTS: usize = 3;
         /// A running slice this long, on a CPU that switched while the maps were read, is
         /// worth a read again.
         const LONG_SLICE_NS: u64 = 10_000_000;
         let mut attempt = 0;
-        let mut gathered: Vec<(u64, Vec<CpuStats>)> = Vec::new();
         loop {
             attempt += 1;
             let before = self.read_last_switches()?;
@@ -855,22 +868,22 @@ impl KernelCollector {
             self.slot_net.clear();
             // A read again (a busy CPU switched meanwhile, as at most samples of a thousand
             // ticking workers) reuses the last read's vectors.
-            for (_, per_cpu) in gathered.drain(..) {
-                self.spare_per_cpu.give(per_cpu);
+            for (_, worker) in self.gathered.drain(..) {
+                self.spare_per_cpu.give(worker);
             }
             if self.hash_used(HASHED_CPU) {
                 read_all_into(&self.cpu_stats, &mut self.cpu_entries)?;
                 for (cgroup_id, per_cpu) in self.cpu_entries.iter() {
-                    let stats = self.spare_per_cpu.filled(per_cpu.iter().copied());
-                    gathered.push((cgroup_id, stats));
+                    let worker = self.spare_per_cpu.counters(per_cpu.iter());
+                    self.gathered.push((cgroup_id, worker));
                 }
             }
             if let Some(slots) = &mut self.cpu_slots {
                 for (cgroup_id, per_cpu) in slots.read()? {
-                    let stats = self
+                    let worker = self
                         .spare_per_cpu
-                        .filled(per_cpu.iter().map(|slot| slot.stats));
-                    gathered.push((cgroup_id, stats));
+                        .counters(per_cpu.iter().map(|slot| &slot.stats));
+                    self.gathered.push((cgroup_id, worker));
                     // Summed over CPUs here: no vector per worker.
                     let mut net = NetStats::default();
                     for on_cpu in per_cpu {
@@ -915,7 +928,8 @@ impl KernelCollector {
                 .any(|slice| !settled(slice.cpu) && slice.slice_ns >= LONG_SLICE_NS);
             if !long_slice_unsure || attempt == ATTEMPTS {
                 running.retain(|slice| settled(slice.cpu));
-                return Ok((sorted_per_worker(gathered), running));
+                sort_per_worker(&mut self.gathered);
+                return Ok(running);
             }
         }
     }
@@ -965,13 +979,13 @@ impl KernelCollector {
                 continue;
             };
             let worker = sample.workers.entry(cgroup_id).or_default();
-            worker.cpu_per_cpu.resize(self.cpus, CpuStats::default());
+            worker.on_cpu_ns_per_cpu.resize(self.cpus, 0);
             if worker.path.is_none() {
                 worker.identity = Some(self.names.identity(cgroup_id, &path));
                 worker.path = Some(path.into());
             }
-            if let Some(on_cpu) = worker.cpu_per_cpu.get_mut(cpu) {
-                on_cpu.on_cpu_ns += slice_ns;
+            if let Some(on_cpu_ns) = worker.on_cpu_ns_per_cpu.get_mut(cpu) {
+                *on_cpu_ns += slice_ns;
             }
         }
     }
@@ -987,10 +1001,10 @@ impl KernelCollector {
         for (&cgroup_id, worker) in sample.workers.iter_mut() {
             let reported = self.reported_on_cpu_ns.entry(cgroup_id).or_default();
             // A CPU not reported before has no floor (0).
-            reported.resize(worker.cpu_per_cpu.len(), 0);
-            for (on_cpu, floor) in worker.cpu_per_cpu.iter_mut().zip(reported.iter_mut()) {
-                on_cpu.on_cpu_ns = on_cpu.on_cpu_ns.max(*floor);
-                *floor = on_cpu.on_cpu_ns;
+            reported.resize(worker.on_cpu_ns_per_cpu.len(), 0);
+            for (on_cpu_ns, floor) in worker.on_cpu_ns_per_cpu.iter_mut().zip(reported.iter_mut()) {
+                *on_cpu_ns = (*on_cpu_ns).max(*floor);
+                *floor = *on_cpu_ns;
             }
         }
     }
@@ -1010,16 +1024,6 @@ impl KernelCollector {
             })
             .collect::<anyhow::Result<Vec<u64>>>()?;
         Ok(Drops { by_map })
-    }
-}
-
-/// Adds counters CPU by CPU.
-fn add_per_cpu(sum: &mut Vec<CpuStats>, add: &[CpuStats]) {
-    if sum.len() < add.len() {
-        sum.resize(add.len(), CpuStats::default());
-    }
-    for (sum, add) in sum.iter_mut().zip(add) {
-        sum.add(add);
     }
 }
 
@@ -1054,21 +1058,21 @@ fn sum_endpoint(key: EndpointKey, per_cpu: &[EndpointStats]) -> EndpointDelta {
     EndpointDelta { key, stats }
 }
 
-/// CPU counters gathered from the hash and the slots, sorted by cgroup id: a worker in both
+/// Sorts CPU counters gathered from the hash and the slots by cgroup id: a worker in both
 /// (its hash entry made while it had no slot) has them summed into one entry.
-fn sorted_per_worker(mut gathered: Vec<(u64, Vec<CpuStats>)>) -> CpuPerWorker {
-    // Slots go out lowest first to workers as they come, so mostly sorted already.
-    gathered.sort_by_key(|(cgroup_id, _)| *cgroup_id);
+fn sort_per_worker(gathered: &mut CpuPerWorker) {
+    // The slots come in id order: only hash entries (workers beyond the slots) need the sort.
+    // Unstable: no scratch copy of the entries, and equal ids are summed anyway.
+    if !gathered.is_sorted_by_key(|(cgroup_id, _)| *cgroup_id) {
+        gathered.sort_unstable_by_key(|(cgroup_id, _)| *cgroup_id);
+    }
     gathered.dedup_by(|later, earlier| {
         if later.0 != earlier.0 {
             return false;
         }
-        for (sum, add) in earlier.1.iter_mut().zip(&later.1) {
-            sum.add(add);
-        }
+        earlier.1.add_sched(&later.1);
         true
     });
-    gathered
 }
 
 /// Every entry of a per-CPU hash map into `into`, in a few batched calls; key by key where

@@ -5,13 +5,10 @@ use std::{collections::BTreeMap, os::fd::AsFd as _};
 
 use anyhow::Context as _;
 use aya::maps::{IterableMap as _, MapData};
-use probe_common::{
-    cpu::CpuStats,
-    rstat::{RstatCpu, RstatKey, RstatNow},
-};
+use probe_common::rstat::{RstatCpu, RstatKey, RstatNow};
 
 use super::batch::PerCpuEntries;
-use crate::loader::iter_walk::IterWalk;
+use crate::{loader::iter_walk::IterWalk, model::WorkerCounters};
 
 /// CPU time per CPU of each cgroup.
 type TimesByCgroup = BTreeMap<u64, Vec<RstatCpu>>;
@@ -146,13 +143,17 @@ impl RstatReader {
     }
 }
 
-/// Puts a cgroup's times into its counters (the programs leave these fields to the iterator).
-pub fn apply(per_cpu: &mut [CpuStats], times: &[RstatCpu]) {
-    for (stats, times) in per_cpu.iter_mut().zip(times) {
-        stats.on_cpu_ns = times.runtime_ns;
-        stats.user_tick_ns = times.user_tick_ns;
-        stats.system_tick_ns = times.system_tick_ns;
+/// Puts a cgroup's times per CPU into its counters (the programs leave on-CPU time and the
+/// tick-sampled split to the iterator).
+pub fn apply(worker: &mut WorkerCounters, times: &[RstatCpu]) {
+    if worker.on_cpu_ns_per_cpu.len() < times.len() {
+        worker.on_cpu_ns_per_cpu.resize(times.len(), 0);
     }
+    for (on_cpu_ns, times) in worker.on_cpu_ns_per_cpu.iter_mut().zip(times) {
+        *on_cpu_ns = times.runtime_ns;
+    }
+    worker.sched.user_tick_ns = times.iter().map(|t| t.user_tick_ns).sum();
+    worker.sched.system_tick_ns = times.iter().map(|t| t.system_tick_ns).sum();
 }
 
 fn key(cgroup_id: u64, cpu: usize) -> RstatKey {

@@ -25,7 +25,7 @@ use probe_common::{
 /// A slot's value on one CPU: it names the owner it holds counters for there.
 pub trait SlotValue: aya::Pod + Copy + Default {
     /// Who owns a slot: the key of the map from owners to slots.
-    type Owner: aya::Pod + Copy + Default + Eq + std::hash::Hash;
+    type Owner: aya::Pod + Copy + Default + Ord + std::hash::Hash;
     /// The owner of this CPU's value (a default owner: unused on this CPU).
     fn owner(&self) -> Self::Owner;
 }
@@ -82,8 +82,8 @@ impl<V: SlotValue> SlotMaps<V> {
         })
     }
 
-    /// Every owner with a slot, and its counters per CPU. Read into buffers kept for the
-    /// next read.
+    /// Every owner with a slot, and its counters per CPU, in owner order (as a sample keeps
+    /// them, so the counters need no sort). Read into buffers kept for the next read.
     ///
     /// The slots name their owners: a program names the owner in a slot's value on a CPU
     /// at its first use there, and user space zeroes every CPU's value when it gives the slot
@@ -158,8 +158,8 @@ impl<V: SlotValue> SlotMaps<V> {
     }
 }
 
-/// Lists in `owners` each slot of `slots` that names an owner, zeroes its values on any CPU
-/// naming another, and returns one past the highest slot listed. Where CPUs name different
+/// Lists in `owners`, in owner order, each slot of `slots` that names an owner, zeroes its
+/// values on any CPU naming another, and returns one past the highest slot listed. Where CPUs name different
 /// owners (rare: a program named the slot's last owner on a CPU as user space gave it back),
 /// the owner is the one `slot_of` (the owners' hash) places there.
 fn name_owners<V: SlotValue>(
@@ -194,6 +194,7 @@ fn name_owners<V: SlotValue>(
         owners.push((owner, slot as u32));
         end = slot + 1;
     }
+    owners.sort_unstable();
     end
 }
 

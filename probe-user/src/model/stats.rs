@@ -338,10 +338,17 @@ fn worker_delta(
 ) -> WorkerStats {
     // A worker whose counters went backwards was freed and re-made: count it from zero.
     let before = before.filter(|before| counters_grew(before, now));
-    // Borrowed, not copied: a worker's counters on one CPU are half a KiB.
     let zero = probe_common::cpu::CpuStats::default();
-    let cpu_before = |cpu: usize| before.and_then(|b| b.cpu_per_cpu.get(cpu)).unwrap_or(&zero);
-    let (mut user_ticks, mut system_ticks) = (0u64, 0u64);
+    let base = before.map_or(&zero, |b| &b.sched);
+    let on_cpu_before = |cpu: usize| {
+        before
+            .and_then(|b| b.on_cpu_ns_per_cpu.get(cpu))
+            .copied()
+            .unwrap_or(0)
+    };
+    let counters = &now.sched;
+    let user_ticks = counters.user_tick_ns.saturating_sub(base.user_tick_ns);
+    let system_ticks = counters.system_tick_ns.saturating_sub(base.system_tick_ns);
     let mut stats = WorkerStats {
         cgroup_id,
         path: now.path.clone(),
@@ -350,37 +357,34 @@ fn worker_delta(
         total_cpu_ns: now.on_cpu_ns(),
         total_sent_bytes: now.net.families.iter().map(|f| f.sent_bytes).sum(),
         total_received_bytes: now.net.families.iter().map(|f| f.received_bytes).sum(),
-        cpu_ns_per_cpu: Vec::with_capacity(now.cpu_per_cpu.len()),
+        cpu_ns_per_cpu: now
+            .on_cpu_ns_per_cpu
+            .iter()
+            .enumerate()
+            .map(|(cpu, on_cpu_ns)| on_cpu_ns - on_cpu_before(cpu))
+            .collect(),
+        voluntary_switches: counters.voluntary_switches - base.voluntary_switches,
+        involuntary_switches: counters.involuntary_switches - base.involuntary_switches,
         ..WorkerStats::default()
     };
-    for (cpu, counters) in now.cpu_per_cpu.iter().enumerate() {
-        let base = cpu_before(cpu);
-        stats
-            .cpu_ns_per_cpu
-            .push(counters.on_cpu_ns - base.on_cpu_ns);
-        stats.voluntary_switches += counters.voluntary_switches - base.voluntary_switches;
-        user_ticks += counters.user_tick_ns.saturating_sub(base.user_tick_ns);
-        system_ticks += counters.system_tick_ns.saturating_sub(base.system_tick_ns);
-        stats.involuntary_switches += counters.involuntary_switches - base.involuntary_switches;
-        let delays = &mut stats.delays;
-        delays.runqueue_wait_ns += counters
-            .runqueue_wait_ns
-            .saturating_sub(base.runqueue_wait_ns);
-        delays.blocked_io_ns += counters.blocked_io_ns.saturating_sub(base.blocked_io_ns);
-        delays.sleep_ns += counters.sleep_ns.saturating_sub(base.sleep_ns);
-        delays.wakeups += counters.wakeups.saturating_sub(base.wakeups);
-        for reason in 0..WAIT_REASONS {
-            delays.wait_ns[reason] += counters.wait_ns[reason].saturating_sub(base.wait_ns[reason]);
-            delays.waits[reason] += counters.waits[reason].saturating_sub(base.waits[reason]);
-        }
-        for (sum, (now, then)) in delays.runqueue_wait_hist.iter_mut().zip(
-            counters
-                .runqueue_wait_hist
-                .iter()
-                .zip(base.runqueue_wait_hist.iter()),
-        ) {
-            *sum += now.saturating_sub(*then);
-        }
+    let delays = &mut stats.delays;
+    delays.runqueue_wait_ns = counters
+        .runqueue_wait_ns
+        .saturating_sub(base.runqueue_wait_ns);
+    delays.blocked_io_ns = counters.blocked_io_ns.saturating_sub(base.blocked_io_ns);
+    delays.sleep_ns = counters.sleep_ns.saturating_sub(base.sleep_ns);
+    delays.wakeups = counters.wakeups.saturating_sub(base.wakeups);
+    for reason in 0..WAIT_REASONS {
+        delays.wait_ns[reason] = counters.wait_ns[reason].saturating_sub(base.wait_ns[reason]);
+        delays.waits[reason] = counters.waits[reason].saturating_sub(base.waits[reason]);
+    }
+    for (delta, (now, then)) in delays.runqueue_wait_hist.iter_mut().zip(
+        counters
+            .runqueue_wait_hist
+            .iter()
+            .zip(base.runqueue_wait_hist.iter()),
+    ) {
+        *delta = now.saturating_sub(*then);
     }
     for (slot, family) in now.net.families.iter().enumerate() {
         let base = before.map(|b| b.net.families[slot]).unwrap_or_default();
@@ -429,15 +433,14 @@ pub fn split_user_system(cpu_ns: u64, user_ticks: u64, system_ticks: u64) -> (u6
 
 /// Whether every counter in `now` is at least its value in `before`.
 fn counters_grew(before: &WorkerCounters, now: &WorkerCounters) -> bool {
-    let cpu_ok = before
-        .cpu_per_cpu
-        .iter()
-        .zip(&now.cpu_per_cpu)
-        .all(|(b, n)| {
-            n.on_cpu_ns >= b.on_cpu_ns
-                && n.voluntary_switches >= b.voluntary_switches
-                && n.involuntary_switches >= b.involuntary_switches
-        });
+    let on_cpu_ok = before.on_cpu_ns_per_cpu.len() <= now.on_cpu_ns_per_cpu.len()
+        && before
+            .on_cpu_ns_per_cpu
+            .iter()
+            .zip(&now.on_cpu_ns_per_cpu)
+            .all(|(b, n)| n >= b);
+    let switches_ok = now.sched.voluntary_switches >= before.sched.voluntary_switches
+        && now.sched.involuntary_switches >= before.sched.involuntary_switches;
     let net_ok = before
         .net
         .families
@@ -449,7 +452,7 @@ fn counters_grew(before: &WorkerCounters, now: &WorkerCounters) -> bool {
                 && n.received_bytes >= b.received_bytes
                 && n.received_calls >= b.received_calls
         });
-    cpu_ok && net_ok && before.cpu_per_cpu.len() <= now.cpu_per_cpu.len()
+    on_cpu_ok && switches_ok && net_ok
 }
 
 #[cfg(test)]
@@ -486,22 +489,26 @@ mod tests {
     fn counters(cpu0_ns: u64, cpu1_ns: u64, sent: u64) -> WorkerCounters {
         let mut worker = WorkerCounters {
             path: Some("/a".into()),
-            cpu_per_cpu: vec![
-                CpuStats {
-                    on_cpu_ns: cpu0_ns,
-                    voluntary_switches: 1,
-                    sleep_ns: cpu0_ns * 2,
-                    ..CpuStats::default()
-                },
-                CpuStats {
-                    on_cpu_ns: cpu1_ns,
-                    involuntary_switches: 2,
-                    runqueue_wait_ns: cpu1_ns / 2,
-                    ..CpuStats::default()
-                },
-            ],
             ..WorkerCounters::default()
         };
+        worker.add_cpu(
+            0,
+            &CpuStats {
+                on_cpu_ns: cpu0_ns,
+                voluntary_switches: 1,
+                sleep_ns: cpu0_ns * 2,
+                ..CpuStats::default()
+            },
+        );
+        worker.add_cpu(
+            1,
+            &CpuStats {
+                on_cpu_ns: cpu1_ns,
+                involuntary_switches: 2,
+                runqueue_wait_ns: cpu1_ns / 2,
+                ..CpuStats::default()
+            },
+        );
         worker.net.families[FAMILY_IPV4].sent_bytes = sent;
         worker.net.families[FAMILY_IPV4].sent_calls = sent / 100;
         worker

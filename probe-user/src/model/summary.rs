@@ -393,24 +393,26 @@ mod tests {
                 system_usec: 500_000,
             }),
         };
-        let mut counters = WorkerCounters {
-            cpu_per_cpu: vec![
-                CpuStats {
-                    on_cpu_ns: 1_000_000_000,
-                    voluntary_switches: 3,
-                    // Two user ticks to one system tick: 1.0 s user, 0.5 s system.
-                    user_tick_ns: 8_000_000,
-                    system_tick_ns: 4_000_000,
-                    ..CpuStats::default()
-                },
-                CpuStats {
-                    on_cpu_ns: 500_000_000,
-                    involuntary_switches: 2,
-                    ..CpuStats::default()
-                },
-            ],
-            ..WorkerCounters::default()
-        };
+        let mut counters = WorkerCounters::default();
+        counters.add_cpu(
+            0,
+            &CpuStats {
+                on_cpu_ns: 1_000_000_000,
+                voluntary_switches: 3,
+                // Two user ticks to one system tick: 1.0 s user, 0.5 s system.
+                user_tick_ns: 8_000_000,
+                system_tick_ns: 4_000_000,
+                ..CpuStats::default()
+            },
+        );
+        counters.add_cpu(
+            1,
+            &CpuStats {
+                on_cpu_ns: 500_000_000,
+                involuntary_switches: 2,
+                ..CpuStats::default()
+            },
+        );
         counters.net.families[FAMILY_IPV4].sent_bytes = 1234;
         counters.net.families[FAMILY_IPV4].sent_calls = 2;
         let summary = ExitSummary::new(

@@ -182,13 +182,7 @@ impl WorkerCounters {
     /// memory cgroup's own peak is kept (on cgroup2 it already covers the subtree); the
     /// largest process peak is the larger of the two.
     pub fn absorb(&mut self, other: &WorkerCounters) {
-        if self.cpu_per_cpu.len() < other.cpu_per_cpu.len() {
-            self.cpu_per_cpu
-                .resize(other.cpu_per_cpu.len(), Default::default());
-        }
-        for (sum, add) in self.cpu_per_cpu.iter_mut().zip(&other.cpu_per_cpu) {
-            sum.add(add);
-        }
+        self.add_sched(other);
         self.net.add(&other.net);
         // One entry per remote endpoint, whichever descendant talked to it: a holder that
         // lives long keeps a bounded list.
@@ -265,13 +259,14 @@ mod tests {
         };
         cpu.wait_ns[1] = 3;
         let mut child = WorkerCounters {
-            cpu_per_cpu: vec![cpu, cpu],
             exit_memory: Some(super::super::ExitMemoryPeaks {
                 cgroup_peak_bytes: Some(7),
                 largest_process_peak_bytes: Some(9),
             }),
             ..Default::default()
         };
+        child.add_cpu(0, &cpu);
+        child.add_cpu(1, &cpu);
         child.net.families[1].received_bytes = 100;
         let peer = probe_common::net::EndpointKey {
             cgroup_id: 7,
@@ -294,10 +289,9 @@ mod tests {
         pod.absorb(&other_child);
         assert_eq!(pod.endpoints.len(), 1, "one entry per remote endpoint");
         assert_eq!(pod.endpoints[0].stats.sent_bytes, 10);
-        assert_eq!(pod.cpu_per_cpu.len(), 2);
-        assert_eq!(pod.cpu_per_cpu[1].on_cpu_ns, 20);
-        assert_eq!(pod.cpu_per_cpu[0].user_tick_ns, 8);
-        assert_eq!(pod.cpu_per_cpu[0].wait_ns[1], 6);
+        assert_eq!(pod.on_cpu_ns_per_cpu, vec![20, 20]);
+        assert_eq!(pod.sched.user_tick_ns, 16);
+        assert_eq!(pod.sched.wait_ns[1], 12);
         assert_eq!(pod.net.families[1].received_bytes, 200);
         let memory = pod.exit_memory.expect("memory");
         assert_eq!(memory.largest_process_peak_bytes, Some(9));

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use probe_common::{
-    cpu::{CpuStats, RUNQ_BUCKETS},
+    cpu::CpuStats,
     drops::DROP_NAMES,
     net::{FAMILY_COUNT, FAMILY_NAMES, FamilyCounters},
     wait::WAIT_NAMES,
@@ -438,30 +438,29 @@ impl TickLine {
             .cloned()
             .or_else(|| path.as_deref().map(identify));
         let delays = &stats.delays;
-        let mut hist = vec![0u64; RUNQ_BUCKETS];
-        let mut totals = Totals::default();
-        for cpu in &counters.cpu_per_cpu {
-            totals.on_cpu_ns_per_cpu.push(cpu.on_cpu_ns);
-            totals.voluntary_switches += cpu.voluntary_switches;
-            totals.involuntary_switches += cpu.involuntary_switches;
-            totals.runqueue_wait_ns += cpu.runqueue_wait_ns;
-            totals.blocked_io_ns += cpu.blocked_io_ns;
-            totals.sleep_ns += cpu.sleep_ns;
-            totals.wakeups += cpu.wakeups;
-            totals.user_tick_ns += cpu.user_tick_ns;
-            totals.system_tick_ns += cpu.system_tick_ns;
-            for (sum, add) in hist.iter_mut().zip(cpu.runqueue_wait_hist.iter()) {
-                *sum += add;
-            }
-            for (reason, name) in WAIT_NAMES.iter().enumerate() {
-                if cpu.waits[reason] > 0 || cpu.wait_ns[reason] > 0 {
-                    *totals.wait_ns.entry(name.to_string()).or_default() += cpu.wait_ns[reason];
-                    *totals.waits.entry(name.to_string()).or_default() += cpu.waits[reason];
-                }
+        let sched = &counters.sched;
+        let mut totals = Totals {
+            on_cpu_ns_per_cpu: counters.on_cpu_ns_per_cpu.clone(),
+            on_cpu_ns: counters.on_cpu_ns(),
+            voluntary_switches: sched.voluntary_switches,
+            involuntary_switches: sched.involuntary_switches,
+            runqueue_wait_ns: sched.runqueue_wait_ns,
+            blocked_io_ns: sched.blocked_io_ns,
+            sleep_ns: sched.sleep_ns,
+            wakeups: sched.wakeups,
+            user_tick_ns: sched.user_tick_ns,
+            system_tick_ns: sched.system_tick_ns,
+            runqueue_wait_hist: trimmed(&sched.runqueue_wait_hist),
+            ..Totals::default()
+        };
+        for (reason, name) in WAIT_NAMES.iter().enumerate() {
+            if sched.waits[reason] > 0 || sched.wait_ns[reason] > 0 {
+                totals
+                    .wait_ns
+                    .insert(name.to_string(), sched.wait_ns[reason]);
+                totals.waits.insert(name.to_string(), sched.waits[reason]);
             }
         }
-        totals.on_cpu_ns = totals.on_cpu_ns_per_cpu.iter().sum();
-        totals.runqueue_wait_hist = trimmed(&hist);
         totals.sent_bytes = counters.net.families.iter().map(|f| f.sent_bytes).sum();
         totals.received_bytes = counters.net.families.iter().map(|f| f.received_bytes).sum();
         totals.families = families_of(&counters.net.families);
@@ -534,42 +533,30 @@ impl TickLine {
     /// The worker's cumulative counters at the end of the tick.
     pub fn counters_after(&self) -> WorkerCounters {
         let totals = &self.totals;
-        let mut cpu_per_cpu: Vec<CpuStats> = totals
-            .on_cpu_ns_per_cpu
-            .iter()
-            .map(|&on_cpu_ns| CpuStats {
-                on_cpu_ns,
-                ..CpuStats::default()
-            })
-            .collect();
-        if cpu_per_cpu.is_empty() {
-            cpu_per_cpu.push(CpuStats::default());
-        }
-        // Only on-CPU time is kept per CPU; the model sums everything else over CPUs, so
-        // the sums go to CPU 0.
-        let first = &mut cpu_per_cpu[0];
-        first.voluntary_switches = totals.voluntary_switches;
-        first.involuntary_switches = totals.involuntary_switches;
-        first.runqueue_wait_ns = totals.runqueue_wait_ns;
-        first.blocked_io_ns = totals.blocked_io_ns;
-        first.sleep_ns = totals.sleep_ns;
-        first.wakeups = totals.wakeups;
-        first.user_tick_ns = totals.user_tick_ns;
-        first.system_tick_ns = totals.system_tick_ns;
-        for (slot, &count) in first
-            .runqueue_wait_hist
-            .iter_mut()
-            .zip(&totals.runqueue_wait_hist)
-        {
-            *slot = count;
-        }
-        for (reason, name) in WAIT_NAMES.iter().enumerate() {
-            first.wait_ns[reason] = totals.wait_ns.get(*name).copied().unwrap_or(0);
-            first.waits[reason] = totals.waits.get(*name).copied().unwrap_or(0);
-        }
+        // Only on-CPU time is kept per CPU, as in the model.
+        let wait = |by_name: &BTreeMap<String, u64>, reason: usize| {
+            by_name.get(WAIT_NAMES[reason]).copied().unwrap_or(0)
+        };
+        let sched = CpuStats {
+            on_cpu_ns: 0,
+            voluntary_switches: totals.voluntary_switches,
+            involuntary_switches: totals.involuntary_switches,
+            runqueue_wait_ns: totals.runqueue_wait_ns,
+            blocked_io_ns: totals.blocked_io_ns,
+            sleep_ns: totals.sleep_ns,
+            wakeups: totals.wakeups,
+            runqueue_wait_hist: std::array::from_fn(|bucket| {
+                totals.runqueue_wait_hist.get(bucket).copied().unwrap_or(0)
+            }),
+            wait_ns: std::array::from_fn(|reason| wait(&totals.wait_ns, reason)),
+            waits: std::array::from_fn(|reason| wait(&totals.waits, reason)),
+            user_tick_ns: totals.user_tick_ns,
+            system_tick_ns: totals.system_tick_ns,
+        };
         let mut counters = WorkerCounters {
             path: self.path.as_deref().map(Into::into),
-            cpu_per_cpu,
+            on_cpu_ns_per_cpu: totals.on_cpu_ns_per_cpu.clone(),
+            sched: Box::new(sched),
             cpu_stat: totals.cpu_stat,
             ..WorkerCounters::default()
         };
@@ -591,12 +578,12 @@ impl TickLine {
     pub fn counters_before(&self) -> WorkerCounters {
         let mut counters = self.counters_after();
         for (cpu, &delta_seconds) in self.cpu.per_cpu_seconds.iter().enumerate() {
-            if let Some(stats) = counters.cpu_per_cpu.get_mut(cpu) {
-                stats.on_cpu_ns = stats.on_cpu_ns.saturating_sub(ns_of(delta_seconds));
+            if let Some(on_cpu_ns) = counters.on_cpu_ns_per_cpu.get_mut(cpu) {
+                *on_cpu_ns = on_cpu_ns.saturating_sub(ns_of(delta_seconds));
             }
         }
         let time = &self.time;
-        let first = &mut counters.cpu_per_cpu[0];
+        let first = &mut counters.sched;
         first.voluntary_switches = first
             .voluntary_switches
             .saturating_sub(self.cpu.voluntary_switches);
@@ -700,28 +687,22 @@ mod tests {
 
     /// A worker's counters with awkward (non-round) values everywhere.
     pub(crate) fn busy_counters(scale: u64) -> WorkerCounters {
-        let mut hist = [0u64; RUNQ_BUCKETS];
+        let mut hist = [0u64; probe_common::cpu::RUNQ_BUCKETS];
         hist[1] = 3 * scale;
         hist[7] = scale;
         let mut counters = WorkerCounters {
             path: Some("/system.slice/job.service".into()),
-            cpu_per_cpu: vec![
-                CpuStats {
-                    on_cpu_ns: 123_456_789_123 * scale,
-                    voluntary_switches: 17 * scale,
-                    runqueue_wait_ns: 987_654_321 * scale,
-                    sleep_ns: 4_000_000_007 * scale,
-                    wakeups: 11 * scale,
-                    runqueue_wait_hist: hist,
-                    ..CpuStats::default()
-                },
-                CpuStats {
-                    on_cpu_ns: 999_999_999_999 * scale,
-                    involuntary_switches: 5 * scale,
-                    blocked_io_ns: 333_333_333 * scale,
-                    ..CpuStats::default()
-                },
-            ],
+            on_cpu_ns_per_cpu: vec![123_456_789_123 * scale, 999_999_999_999 * scale],
+            sched: Box::new(CpuStats {
+                voluntary_switches: 17 * scale,
+                involuntary_switches: 5 * scale,
+                runqueue_wait_ns: 987_654_321 * scale,
+                blocked_io_ns: 333_333_333 * scale,
+                sleep_ns: 4_000_000_007 * scale,
+                wakeups: 11 * scale,
+                runqueue_wait_hist: hist,
+                ..CpuStats::default()
+            }),
             cpu_stat: Some(CpuStatUsec {
                 usage_usec: 1_200_000 * scale,
                 user_usec: 1_000_001 * scale,

@@ -278,10 +278,10 @@ fn encode_exposition(e: &Exposition, encoder: &mut DescriptorEncoder) -> fmt::Re
     if e.measured.cpu {
         let mut per_cpu = Vec::new();
         for w in workers {
-            for (cpu, stats) in w.counters.cpu_per_cpu.iter().enumerate() {
+            for (cpu, &on_cpu_ns) in w.counters.on_cpu_ns_per_cpu.iter().enumerate() {
                 let mut labels = worker(w);
                 labels.push(("cpu", Cow::Owned(cpu.to_string())));
-                per_cpu.push((labels, seconds(stats.on_cpu_ns)));
+                per_cpu.push((labels, seconds(on_cpu_ns)));
             }
         }
         counter_family(
@@ -293,11 +293,11 @@ fn encode_exposition(e: &Exposition, encoder: &mut DescriptorEncoder) -> fmt::Re
     }
     if e.measured.cpu {
         let split = |w: &WorkerSeries| {
-            let cpu = &w.counters.cpu_per_cpu;
+            let sched = &w.counters.sched;
             crate::model::split_user_system(
-                cpu.iter().map(|c| c.on_cpu_ns).sum(),
-                cpu.iter().map(|c| c.user_tick_ns).sum(),
-                cpu.iter().map(|c| c.system_tick_ns).sum(),
+                w.counters.on_cpu_ns(),
+                sched.user_tick_ns,
+                sched.system_tick_ns,
             )
         };
         counter_family(
@@ -322,12 +322,10 @@ fn encode_exposition(e: &Exposition, encoder: &mut DescriptorEncoder) -> fmt::Re
     if e.measured.cpu && e.measured.switches {
         let mut switches = Vec::new();
         for w in workers {
-            let sum = |pick: fn(&probe_common::cpu::CpuStats) -> u64| {
-                w.counters.cpu_per_cpu.iter().map(pick).sum::<u64>()
-            };
+            let sched = &w.counters.sched;
             for (kind, value) in [
-                ("voluntary", sum(|c| c.voluntary_switches)),
-                ("involuntary", sum(|c| c.involuntary_switches)),
+                ("voluntary", sched.voluntary_switches),
+                ("involuntary", sched.involuntary_switches),
             ] {
                 let mut labels = worker(w);
                 labels.push(("kind", Cow::Borrowed(kind)));
@@ -360,13 +358,8 @@ fn encode_exposition(e: &Exposition, encoder: &mut DescriptorEncoder) -> fmt::Re
         }
         let mut blocked = Vec::new();
         for w in workers {
-            let sum = |pick: fn(&probe_common::cpu::CpuStats) -> u64| {
-                w.counters.cpu_per_cpu.iter().map(pick).sum::<u64>()
-            };
-            for (state, ns) in [
-                ("io", sum(|c| c.blocked_io_ns)),
-                ("sleep", sum(|c| c.sleep_ns)),
-            ] {
+            let sched = &w.counters.sched;
+            for (state, ns) in [("io", sched.blocked_io_ns), ("sleep", sched.sleep_ns)] {
                 let mut labels = worker(w);
                 labels.push(("state", Cow::Borrowed(state)));
                 blocked.push((labels, seconds(ns)));
@@ -381,12 +374,7 @@ fn encode_exposition(e: &Exposition, encoder: &mut DescriptorEncoder) -> fmt::Re
         let mut waits = Vec::new();
         for w in workers.iter().filter(|_| e.measured.waits) {
             for (reason, name) in WAIT_NAMES.iter().enumerate() {
-                let ns: u64 = w
-                    .counters
-                    .cpu_per_cpu
-                    .iter()
-                    .map(|c| c.wait_ns[reason])
-                    .sum();
+                let ns = w.counters.sched.wait_ns[reason];
                 if ns == 0 {
                     continue;
                 }
@@ -606,12 +594,10 @@ fn runqueue_histogram(counters: &WorkerCounters) -> (f64, u64, Vec<(f64, u64)>) 
             (upper_s, 0)
         })
         .collect();
-    let mut wait_ns = 0u64;
-    for cpu in &counters.cpu_per_cpu {
-        wait_ns = wait_ns.saturating_add(cpu.runqueue_wait_ns);
-        for (bucket, &count) in buckets.iter_mut().zip(&cpu.runqueue_wait_hist) {
-            bucket.1 += count;
-        }
+    let sched = &counters.sched;
+    let wait_ns = sched.runqueue_wait_ns;
+    for (bucket, &count) in buckets.iter_mut().zip(&sched.runqueue_wait_hist) {
+        bucket.1 += count;
     }
     // The count is the buckets' sum
     // so that `_count` always equals the `+Inf` bucket, as the format requires.
@@ -841,7 +827,11 @@ mod tests {
             identity: identify(path),
             counters: WorkerCounters {
                 path: Some(path.into()),
-                cpu_per_cpu: vec![cpu0, cpu1],
+                on_cpu_ns_per_cpu: vec![cpu0.on_cpu_ns, cpu1.on_cpu_ns],
+                sched: Box::new(CpuStats {
+                    on_cpu_ns: 0,
+                    ..cpu0
+                }),
                 net,
                 cpu_stat: Some(CpuStatUsec {
                     usage_usec: 1_750_000,
@@ -1060,7 +1050,7 @@ mod tests {
             wait::WAIT_NETWORK,
         };
         let mut series = worker("/job");
-        series.counters.cpu_per_cpu[0].wait_ns[WAIT_NETWORK as usize] = 250_000_000;
+        series.counters.sched.wait_ns[WAIT_NETWORK as usize] = 250_000_000;
         let peer = |last: u8, sent_bytes| crate::model::endpoints::EndpointDelta {
             key: EndpointKey {
                 addr: [10, 0, 0, last, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
