@@ -148,6 +148,8 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
             let mut view = TopView::new(args.limit, NodeFacts::read().cpus);
             view.endpoint_namer = args.probe.endpoint_namer();
             let mut shown = Interval::default();
+            // The interval last replaced on the screen, its buffer reused for the next.
+            let mut spent = Interval::default();
             // Data flows one way: this loop samples and hands each interval to the screen.
             // Dropping `screen` (on quit, a signal, or an error returned by `?`) restores the
             // terminal.
@@ -159,7 +161,11 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
                     _ = ticker.tick() => {
                         let _ = collector.poll();
                         let current = collector.sample()?;
-                        let mut interval = model::diff(Some(&previous), &current);
+                        let mut interval = model::diff_reusing(
+                            Some(&previous),
+                            &current,
+                            std::mem::take(&mut spent),
+                        );
                         fold(&mut interval, &args.tree, collector.collector());
                         interval.retain_selected(&selection);
                         let walked = collector.collector().take_walked_memory();
@@ -167,9 +173,11 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
                         collector.recycle(std::mem::replace(&mut previous, current));
                         // Sampling goes on while paused, so the first interval after resuming is
                         // one tick long.
-                        if !view.paused {
-                            shown = interval;
-                        }
+                        spent = if view.paused {
+                            interval
+                        } else {
+                            std::mem::replace(&mut shown, interval)
+                        };
                     }
                     event = screen.next_event() => match event {
                         Some(Event::Key(key)) => {
@@ -194,6 +202,8 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
     // Trees that ended between tables; the process ring is read every 50 ms meanwhile, as
     // watch and serve read it, so a long --interval does not let it fill.
     let mut ended = Vec::new();
+    // The last table's interval, its buffer reused for the next.
+    let mut spent = Interval::default();
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -207,7 +217,8 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
         ended.extend(collector.poll_processes()?);
         let ended = std::mem::take(&mut ended);
         let current = collector.sample()?;
-        let mut interval = model::diff(Some(&previous), &current);
+        let mut interval =
+            model::diff_reusing(Some(&previous), &current, std::mem::take(&mut spent));
         fold(&mut interval, &args.tree, collector.collector());
         interval.retain_selected(&selection);
         let walked = collector.collector().take_walked_memory();
@@ -215,6 +226,7 @@ pub async fn top(args: &TopArgs) -> anyhow::Result<()> {
             collector.collector().cgroups().dir_of(path)
         });
         let mut text = table::render(&interval, args.limit);
+        spent = interval;
         if processes {
             let rows = trees.update(collector.live_trees(), ended);
             text.push_str(&table::render_trees(&rows, trees.elapsed));

@@ -17,7 +17,7 @@ use crate::{
     cli::RecordArgs,
     clock::Timestamp,
     model::{
-        self, Measured, MemoryReading, Sample,
+        self, Interval, Measured, MemoryReading, Sample,
         endpoints::{EndpointNamer, figures},
         selection::Selection,
         summary::ExitSummary,
@@ -58,6 +58,8 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
     ticker.tick().await; // the first tick is immediate
     let mut stopped = Box::pin(stop_signal());
     let mut tick = 0;
+    // The last tick's interval, its buffer reused for the next.
+    let mut spent = Interval::default();
     let mut clock_noted = (Timestamp::now(), crate::clock::ClockQuality::read());
     loop {
         let stop = tokio::select! {
@@ -77,7 +79,14 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<()> {
             }
             exits.extend(watcher.poll());
         }
-        let mut lines = encode_tick(tick, &previous, &current, &watcher, &selection, &namer)?;
+        let mut lines = encode_tick(
+            tick,
+            (&previous, &current),
+            &mut spent,
+            &watcher,
+            &selection,
+            &namer,
+        )?;
         encode_exits(&mut lines, &exits)?;
         note_clock(&mut lines, &mut clock_noted)?;
         writer.write_tick(&lines)?;
@@ -153,15 +162,16 @@ fn header(args: &RecordArgs, run_started: Timestamp, measured: Measured) -> Head
 }
 
 /// One line per active, selected worker of the tick from `previous` to `current`.
+/// `spent` is the last tick's interval, its buffer reused and this tick's left in its place.
 fn encode_tick(
     tick: u64,
-    previous: &Sample,
-    current: &Sample,
+    (previous, current): (&Sample, &Sample),
+    spent: &mut Interval,
     watcher: &Watcher,
     selection: &Selection,
     namer: &EndpointNamer,
 ) -> anyhow::Result<Vec<u8>> {
-    let interval = model::diff(Some(previous), current);
+    let interval = model::diff_reusing(Some(previous), current, std::mem::take(spent));
     let end = interval.end.unwrap_or_else(Timestamp::now);
     let context = TickContext {
         tick,
@@ -206,6 +216,7 @@ fn encode_tick(
             .context("encoding a tick line")?;
         lines.push(b'\n');
     }
+    *spent = interval;
     Ok(lines)
 }
 

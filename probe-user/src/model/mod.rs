@@ -16,8 +16,8 @@ pub use sample::{
     Sample, WorkerCounters,
 };
 pub use stats::{
-    Delays, FamilyDelta, FamilyTotals, Interval, WorkerStats, diff, families_with_calls,
-    split_user_system, totals,
+    Delays, FamilyDelta, FamilyTotals, Interval, WorkerStats, diff, diff_reusing,
+    families_with_calls, split_user_system, totals,
 };
 
 /// Version of every JSON layout workerprobe writes (documents, exit records, recordings);
