@@ -686,16 +686,18 @@ fn targets(r: &Results) -> Vec<Target> {
                  process walk (a task iterator visits every task on the host and sums each \
                  process's resident pages by cgroup, read in one call: touching each task, its \
                  mm, its per-CPU counters and its cgroup costs it, not the helpers reading \
-                 them), a twelfth reading the slots (the kernel copying each slot's per-CPU \
+                 them), an eleventh reading the slots (the kernel copying each slot's per-CPU \
                  counters, in one call, once a sample: read again only when a CPU that had run \
                  one thread for 10 ms switched meanwhile, where a busy CPU's switch had made \
                  nearly every sample read them three times; each slot names its owner on each \
                  CPU, so the hash of their owners is not read, and the hashes of workers beyond \
-                 the slots are read only once a program made an entry in one), a twelfth \
-                 gathering the counters into each worker's record, an eighth turning counters \
-                 into intervals, a twentieth each worker's memory from the walk (the walk names \
-                 the v1 memory cgroup of each cgroup's processes too, so none is read from \
-                 /proc); the rest the table and the registry. This is the agent with every \
+                 the slots are read only once a program made an entry in one), a tenth \
+                 gathering the counters into the sample (summed over CPUs as they are read: \
+                 only on-CPU time stays per CPU, so a worker's record is the same size on any \
+                 host), a twelfth turning counters into intervals, a twentieth each worker's \
+                 memory from the walk (the walk names the v1 memory cgroup of each cgroup's \
+                 processes too, so none is read from /proc); the rest the table, the registry \
+                 and handing spent buffers back for the next sample. This is the agent with every \
                  group; with CPU time alone, a cgroup iterator reads every cgroup's per-CPU \
                  times in one walk instead. Where cgroup2 has the memory controller, a cgroup \
                  walk reads every cgroup's memory counters instead (§7 measures it against the \
