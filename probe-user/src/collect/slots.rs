@@ -159,9 +159,9 @@ impl<V: SlotValue> SlotMaps<V> {
 }
 
 /// Lists in `owners`, in owner order, each slot of `slots` that names an owner, zeroes its
-/// values on any CPU naming another, and returns one past the highest slot listed. Where CPUs name different
-/// owners (rare: a program named the slot's last owner on a CPU as user space gave it back),
-/// the owner is the one `slot_of` (the owners' hash) places there.
+/// values on any CPU naming another, and returns one past the highest slot listed. Where
+/// CPUs name different owners (rare: a program named the slot's last owner on a CPU as user
+/// space gave it back), the owner is the one `slot_of` (the owners' hash) places there.
 fn name_owners<V: SlotValue>(
     slots: &mut PerCpuEntries<u32, V>,
     owners: &mut Vec<(V::Owner, u32)>,
