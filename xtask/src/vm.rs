@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -152,6 +153,15 @@ pub const VM_TESTS: &[VmTest] = &[
 
 /// Longest one VM may run before it is killed.
 const VM_LIMIT: Duration = Duration::from_secs(40 * 60);
+
+/// Longest one test binary may run in a VM before its kernel stacks are logged and it is
+/// killed (the slowest takes about 3 minutes under emulation on a loaded host): a hang costs
+/// this, not the whole VM's limit, and the binaries after it still run.
+const BINARY_LIMIT_SECONDS: u64 = 600;
+
+/// Longest a VM may go without a progress line (a binary's end, or the per-event costs'
+/// several minutes) before it is taken for hung and killed.
+const SILENT_GUEST_LIMIT: Duration = Duration::from_secs(20 * 60);
 
 /// Where the matrix's files live: kernels, the virtme-ng environment, each run's results.
 pub fn vm_dir() -> Result<PathBuf> {
@@ -604,6 +614,7 @@ fn output_within(command: &mut Command, limit: Duration) -> Option<String> {
         .stdin(Stdio::null())
         .stdout(file.try_clone().ok()?)
         .stderr(file)
+        .process_group(0)
         .spawn()
         .ok()?;
     let deadline = Instant::now() + limit;
@@ -612,8 +623,7 @@ fn output_within(command: &mut Command, limit: Duration) -> Option<String> {
             break;
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_group(&mut child);
             return None;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -672,28 +682,43 @@ pub fn run_in_vm(
         .current_dir(root);
     let console = out.join("console.log");
     let file = fs::File::create(&console)?;
+    // Its own process group, so that a kill at the limit reaches qemu and virtiofsd too: an
+    // orphaned emulator would slow every later VM.
     let mut child = boot
         .stdin(Stdio::null())
         .stdout(file.try_clone()?)
         .stderr(file)
+        .process_group(0)
         .spawn()
         .context("could not start vng (virtme-ng)")?;
     let deadline = Instant::now() + VM_LIMIT;
     let mut shown = 0;
+    let mut last_progress = Instant::now();
     loop {
         // Progress as the guest writes it.
         let progress = fs::read_to_string(out.join("progress")).unwrap_or_default();
         for line in progress.lines().skip(shown) {
             println!("    {} {line}", kernel.spec.name);
             shown += 1;
+            last_progress = Instant::now();
         }
         if child.try_wait()?.is_some() {
             break;
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_group(&mut child);
             println!("    {} killed after {VM_LIMIT:?}", kernel.spec.name);
+            break;
+        }
+        // The guest kills a binary at its limit and says so: silence well beyond that is a
+        // guest that no longer runs its script.
+        if last_progress.elapsed() > SILENT_GUEST_LIMIT {
+            kill_group(&mut child);
+            println!(
+                "    {} killed: no progress for {SILENT_GUEST_LIMIT:?} (the guest hung; see {})",
+                kernel.spec.name,
+                console.display()
+            );
             break;
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -760,6 +785,16 @@ pub fn run_in_vm(
     Ok(row)
 }
 
+/// Kills `child`'s process group (it was started as its leader) and reaps the child.
+fn kill_group(child: &mut std::process::Child) {
+    if let Ok(pgid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) with a negative id signals that process group; no memory involved.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// This xtask binary's path (even if a rebuild has replaced it meanwhile).
 fn running_xtask() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("could not find the xtask binary")?;
@@ -782,6 +817,35 @@ fn guest_script(
 # Written by `cargo xtask vm-test`; runs inside the VM.
 out={out}
 progress() {{ echo "$*" >> $out/progress; }}
+binary_limit={limit}
+# Runs a test binary (in its own session) for at most $binary_limit s. One that outlives it gets its
+# tasks' kernel stacks and the kernel's log appended to its log, then its whole session is
+# killed, and the next binary runs.
+run_limited() {{
+  log=$1; shift
+  setsid "$@" > $log 2>&1 &
+  pid=$!
+  waited=0
+  while kill -0 $pid 2>/dev/null && [ $waited -lt $binary_limit ]; do sleep 1; waited=$((waited + 1)); done
+  if kill -0 $pid 2>/dev/null; then
+    echo "=== still running after $binary_limit s: kernel stacks of its session ===" >> $log
+    for task in /proc/[0-9]*/task/[0-9]*; do
+      # Fields after the command's closing parenthesis: state, ppid, pgrp, session.
+      fields=$(sed 's/.*) //' $task/stat 2>/dev/null)
+      [ "$(echo $fields | cut -d' ' -f4)" = "$pid" ] || continue
+      echo "--- ${{task#/proc/}} $(cat $task/comm 2>/dev/null) state $(echo $fields | cut -d' ' -f1) wchan $(cat $task/wchan 2>/dev/null)" >> $log
+      cat $task/stack >> $log 2>/dev/null
+    done
+    # Every CPU's backtrace into the kernel's log (a task spinning in the kernel shows there).
+    [ -w /proc/sysrq-trigger ] && echo l > /proc/sysrq-trigger
+    echo "=== the kernel's log ===" >> $log
+    dmesg | tail -n 300 >> $log
+    kill -KILL -- -$pid 2>/dev/null
+    wait $pid
+    return 124
+  fi
+  wait $pid
+}}
 cg=$(awk '$3 == "cgroup2" {{ print $2; exit }}' /proc/mounts)
 [ -n "$cg" ] || {{ mount -t cgroup2 none /sys/fs/cgroup && cg=/sys/fs/cgroup; }}
 # What a systemd host gives its slices.
@@ -795,7 +859,8 @@ progress "booted $(uname -r), cgroup2 at $cg"
 {agent} check --json > $out/check.json 2> $out/check.err
 {agent} check > $out/check.txt 2>&1
 "#,
-        agent = agent.display()
+        agent = agent.display(),
+        limit = BINARY_LIMIT_SECONDS
     );
     for test in tests {
         let executable = executables
@@ -821,14 +886,19 @@ else
         let _ = write!(
             script,
             r#"started=$(date +%s.%N)
-{env}{exe} --test-threads=1 {args} > $out/{file}.log 2>&1
+run_limited $out/{file}.log env {env}{exe} --test-threads=1 {args}
 rc=$?
 echo "$rc $(echo "$(date +%s.%N) - $started" | bc)" > $out/{file}.rc
-progress "{name}: $(grep -E '^test result' $out/{file}.log || echo "exit $rc")"
+if [ $rc = 124 ]; then
+  progress "{name}: killed after {limit} s (kernel stacks at the end of its log)"
+else
+  progress "{name}: $(grep -E '^test result' $out/{file}.log || echo "exit $rc")"
+fi
 "#,
             exe = executable.display(),
             args = test.vm_args.join(" "),
             name = test.name,
+            limit = BINARY_LIMIT_SECONDS,
         );
         if test.both_net_variants {
             script.push_str("fi\n");
@@ -838,6 +908,7 @@ progress "{name}: $(grep -E '^test result' $out/{file}.log || echo "exit $rc")"
         script,
         r#"progress "per-event cost (bpf_stats), then the agent's CPU at 1000 workers"
 {xtask} bench --vm-guest --agent {agent} --out $out/cost.json > $out/cost.log 2>&1 || progress "per-event cost or agent CPU failed: see cost.log"
+dmesg > $out/dmesg.txt
 progress "done"
 "#,
         xtask = xtask.display(),
@@ -1018,6 +1089,58 @@ mod tests {
         let excerpt = failure_excerpt(text);
         assert!(excerpt.starts_with("---- b stdout ----\nboom"), "{excerpt}");
         assert_eq!(failure_excerpt("one\ntwo\nkilled"), "one\ntwo\nkilled");
+    }
+
+    /// The guest's limit on a binary: an exit status passes through; a binary past the limit
+    /// has its session's tasks named in its log and is killed, and the call returns 124.
+    #[test]
+    fn a_binary_past_its_limit_is_logged_and_killed() {
+        let dir = std::env::temp_dir().join(format!("wp-xtask-limit-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("temp dir");
+        let script = guest_script(
+            &dir,
+            Path::new("agent"),
+            Path::new("xtask"),
+            &BTreeMap::new(),
+            &[],
+        )
+        .expect("script");
+        let start = script.find("binary_limit=").expect("the limit");
+        let end = start + script[start..].find("\n}\n").expect("the function's end") + 3;
+        let (quick, hung) = (dir.join("quick.log"), dir.join("hung.log"));
+        let test = format!(
+            "{}binary_limit=2\nrun_limited {} sh -c 'echo hi; exit 3'; echo \"rc $?\"\nrun_limited {} sleep 60; echo \"rc $?\"\n",
+            &script[start..end],
+            quick.display(),
+            hung.display()
+        );
+        let started = Instant::now();
+        let output = Command::new("bash")
+            .arg("-c")
+            .arg(&test)
+            .output()
+            .expect("bash");
+        let said = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            said,
+            "rc 3\nrc 124\n",
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(fs::read_to_string(&quick).expect("quick log"), "hi\n");
+        let log = fs::read_to_string(&hung).expect("hung log");
+        assert!(log.contains("still running after 2 s"), "{log}");
+        assert!(
+            log.lines()
+                .any(|line| line.starts_with("---") && line.contains(" sleep ")),
+            "{log}"
+        );
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
