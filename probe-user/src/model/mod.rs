@@ -7,6 +7,7 @@ pub mod process;
 pub mod registry;
 mod sample;
 pub mod selection;
+pub mod series;
 mod stats;
 pub mod summary;
 pub mod tree;

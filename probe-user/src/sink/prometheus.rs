@@ -32,7 +32,7 @@ use prometheus_client::{
 use crate::model::{
     Measured, WorkerCounters,
     endpoints::{EndpointNamer, add_stats},
-    identity::Identity,
+    series::WorkerSeries,
 };
 
 /// Identity ids that become labels of `workerprobe_worker_info`: few, and each names the
@@ -50,22 +50,6 @@ const INFO_ID_LABELS: [&str; 11] = [
     "unit",
     "exec",
 ];
-
-/// One worker's series: its identity and cumulative counters.
-#[derive(Clone, Debug, PartialEq)]
-pub struct WorkerSeries {
-    /// cgroup path relative to the cgroup2 mount: the `worker` label, unique and stable.
-    pub path: String,
-    /// Name, kind and ids read from the path, for the info metric.
-    pub identity: Identity,
-    /// Cumulative counters since the programs were loaded (`cpu_stat` since the cgroup was
-    /// made, as the kernel keeps it).
-    pub counters: WorkerCounters,
-    /// Memory in use at the last sample; `None` once the worker has exited.
-    pub memory_bytes: Option<u64>,
-    /// Highest memory use known.
-    pub memory_peak_bytes: Option<u64>,
-}
 
 /// Cost of one of the agent's eBPF programs, from the kernel's bpf_stats.
 #[derive(Clone, Debug, PartialEq, Eq)]
