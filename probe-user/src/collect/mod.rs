@@ -9,6 +9,7 @@ mod heap;
 pub mod kept_files;
 pub mod memory;
 mod memory_walk;
+pub mod own_cost;
 mod rstat;
 mod slots;
 

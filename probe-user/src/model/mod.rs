@@ -1,6 +1,7 @@
 //! The model: pure functions from raw cumulative samples to what each worker did over an
 //! interval. No kernel, no I/O, no async: every type here can be built in a unit test.
 
+mod agent;
 pub mod endpoints;
 pub mod identity;
 pub mod process;
@@ -12,6 +13,7 @@ mod stats;
 pub mod summary;
 pub mod tree;
 
+pub use agent::{AgentCost, ProgramCost};
 pub use sample::{
     CpuStatUsec, Drops, ExitMemoryPeaks, LifecycleEvent, Measured, MemoryReading, MemorySource,
     Sample, WorkerCounters,
