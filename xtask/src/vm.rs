@@ -159,6 +159,9 @@ const VM_LIMIT: Duration = Duration::from_secs(40 * 60);
 /// this, not the whole VM's limit, and the binaries after it still run.
 const BINARY_LIMIT_SECONDS: u64 = 600;
 
+/// What the guest writes into a binary's log when it kills it at its limit.
+const HUNG_MARKER: &str = "=== still running after";
+
 /// Longest a VM may go without a progress line (a binary's end, or the per-event costs'
 /// several minutes) before it is taken for hung and killed.
 const SILENT_GUEST_LIMIT: Duration = Duration::from_secs(20 * 60);
@@ -328,9 +331,12 @@ pub fn finish(rows: &[Row], update_docs: bool) -> Result<()> {
 fn failure_excerpt(log: &str) -> String {
     const FAILURE_LINES: usize = 80;
     let lines: Vec<&str> = log.lines().collect();
+    // A binary killed at its limit: from the test it was in (its line ends with the
+    // marker), then its tasks' stacks.
     let start = lines
         .iter()
-        .position(|line| line.starts_with("---- "))
+        .position(|line| line.contains(HUNG_MARKER))
+        .or_else(|| lines.iter().position(|line| line.starts_with("---- ")))
         .unwrap_or(lines.len().saturating_sub(FAILURE_LINES));
     lines[start..]
         .iter()
@@ -828,7 +834,7 @@ run_limited() {{
   waited=0
   while kill -0 $pid 2>/dev/null && [ $waited -lt $binary_limit ]; do sleep 1; waited=$((waited + 1)); done
   if kill -0 $pid 2>/dev/null; then
-    echo "=== still running after $binary_limit s: kernel stacks of its session ===" >> $log
+    echo "{hung_marker} $binary_limit s: kernel stacks of its session ===" >> $log
     for task in /proc/[0-9]*/task/[0-9]*; do
       # Fields after the command's closing parenthesis: state, ppid, pgrp, session.
       fields=$(sed 's/.*) //' $task/stat 2>/dev/null)
@@ -838,8 +844,9 @@ run_limited() {{
     done
     # Every CPU's backtrace into the kernel's log (a task spinning in the kernel shows there).
     [ -w /proc/sysrq-trigger ] && echo l > /proc/sysrq-trigger
-    echo "=== the kernel's log ===" >> $log
-    dmesg | tail -n 300 >> $log
+    dmesg > $log.dmesg
+    echo "=== the kernel's log, its end (all of it in $log.dmesg) ===" >> $log
+    dmesg | tail -n 40 >> $log
     kill -KILL -- -$pid 2>/dev/null
     wait $pid
     return 124
@@ -860,7 +867,8 @@ progress "booted $(uname -r), cgroup2 at $cg"
 {agent} check > $out/check.txt 2>&1
 "#,
         agent = agent.display(),
-        limit = BINARY_LIMIT_SECONDS
+        limit = BINARY_LIMIT_SECONDS,
+        hung_marker = HUNG_MARKER,
     );
     for test in tests {
         let executable = executables
@@ -1089,6 +1097,13 @@ mod tests {
         let excerpt = failure_excerpt(text);
         assert!(excerpt.starts_with("---- b stdout ----\nboom"), "{excerpt}");
         assert_eq!(failure_excerpt("one\ntwo\nkilled"), "one\ntwo\nkilled");
+        let hung =
+            "test a ... ok\ntest b ... === still running after 600 s: kernel stacks\n--- 7 b\n";
+        assert!(
+            failure_excerpt(hung).starts_with("test b ... ==="),
+            "{}",
+            failure_excerpt(hung)
+        );
     }
 
     /// The guest's limit on a binary: an exit status passes through; a binary past the limit
@@ -1135,6 +1150,10 @@ mod tests {
         assert_eq!(fs::read_to_string(&quick).expect("quick log"), "hi\n");
         let log = fs::read_to_string(&hung).expect("hung log");
         assert!(log.contains("still running after 2 s"), "{log}");
+        assert!(
+            dir.join("hung.log.dmesg").exists(),
+            "the kernel's whole log beside it"
+        );
         assert!(
             log.lines()
                 .any(|line| line.starts_with("---") && line.contains(" sleep ")),
