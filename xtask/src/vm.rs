@@ -824,9 +824,9 @@ fn guest_script(
 out={out}
 progress() {{ echo "$*" >> $out/progress; }}
 binary_limit={limit}
-# Runs a test binary (in its own session) for at most $binary_limit s. One that outlives it gets its
-# tasks' kernel stacks and the kernel's log appended to its log, then its whole session is
-# killed, and the next binary runs.
+# Runs a test binary (in its own session) for at most $binary_limit s. One that outlives it gets
+# its tasks' kernel stacks and the end of the kernel's log appended to its log (the whole
+# kernel log beside it), then its whole session is killed, and the next binary runs.
 run_limited() {{
   log=$1; shift
   setsid "$@" > $log 2>&1 &
@@ -898,7 +898,7 @@ run_limited $out/{file}.log env {env}{exe} --test-threads=1 {args}
 rc=$?
 echo "$rc $(echo "$(date +%s.%N) - $started" | bc)" > $out/{file}.rc
 if [ $rc = 124 ]; then
-  progress "{name}: killed after {limit} s (kernel stacks at the end of its log)"
+  progress "{name}: killed after {limit} s (its tasks' kernel stacks are in its log)"
 else
   progress "{name}: $(grep -E '^test result' $out/{file}.log || echo "exit $rc")"
 fi
