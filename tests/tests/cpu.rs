@@ -2,7 +2,8 @@
 
 use workerprobe::collect::Source as _;
 use workerprobe_tests::{
-    TestCgroup, collector, collector_with, counters, settled_sample, wait_for_cpu,
+    TestCgroup, collector, collector_with, counters, read_first_json_line, settled_sample,
+    wait_for_cpu,
 };
 
 /// Longest a test waits for a workload's CPU time (emulated VMs are slow).
@@ -228,11 +229,18 @@ fn a_thread_moved_while_it_runs_is_charged_to_each_cgroup_as_its_cpu_stat_says()
     let mut collector = collector();
     let a = TestCgroup::new("moved-from");
     let b = TestCgroup::new("moved-to");
-    let before = collector.sample().expect("sample");
-    let (a_before, b_before) = (a.cpu_stat(), b.cpu_stat());
     // The spinning thread is not the process's leader, the one thread the kernel names at a
     // move: the others learn of it from their process's move.
-    let mut spinner = a.spawn_workload(&["spin", "1000", "1"]);
+    let mut spinner = a.spawn_workload(&["spin", "1000", "1", "asleep"]);
+    // Counted from when it sleeps in `a`: its move there at its start (between fork and exec)
+    // is charged as the one below, the kernel's part from its last update before the move, a
+    // span emulation can stretch past a tick (COW faults after a fork run 10 ms and more).
+    read_first_json_line(&mut spinner);
+    wait_until_asleep(spinner.id());
+    let before = collector.sample().expect("sample");
+    let (a_before, b_before) = (a.cpu_stat(), b.cpu_stat());
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(spinner.id() as i32, libc::SIGUSR1) };
     // Moved mid-slice: a spinner beside an idle test keeps its CPU for long stretches, so
     // without accounting at the move, the stretch before it went to the cgroup it ran in at
     // its next switch (307 ms of 423 in a 6.1 VM).
@@ -246,7 +254,8 @@ fn a_thread_moved_while_it_runs_is_charged_to_each_cgroup_as_its_cpu_stat_says()
     let a_ours = counters(&after, a.id).on_cpu_ns() - counters(&before, a.id).on_cpu_ns();
     let b_ours = counters(&after, b.id).on_cpu_ns() - counters(&before, b.id).on_cpu_ns();
     eprintln!(
-        "moved spinner: before the move ours {a_ours} ns, cpu.stat {a_kernel_ns} ns; after ours {b_ours} ns, cpu.stat {b_kernel_ns} ns"
+        "moved spinner: before the move ours {a_ours} ns, cpu.stat {a_kernel_ns} ns; after ours {b_ours} ns, cpu.stat {b_kernel_ns} ns; drops {:?}",
+        after.drops.by_map,
     );
     assert!(a_kernel_ns >= 400_000_000, "it barely ran before the move");
     assert!(b_kernel_ns >= 200_000_000, "it barely ran after the move");
@@ -290,7 +299,7 @@ fn threads_sharing_a_cpu_moved_while_they_run_are_charged_as_cpu_stat_says() {
         wait_for_cpu(&b, b.cpu_stat().usage_usec, 20_000_000, LIMIT);
         // Back while stopped: no thread is on a CPU at that move.
         signal(pid, libc::SIGSTOP);
-        while !all_threads_stopped(pid) {
+        while !all_threads_in(pid, 'T') {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         move_process(pid, &a);
@@ -343,7 +352,8 @@ fn signal(pid: u32, signal: i32) {
 }
 
 /// Whether every thread of `pid` is stopped (state `T` in its stat).
-fn all_threads_stopped(pid: u32) -> bool {
+/// Whether every thread of `pid` is in `state` (`/proc`'s letter: `S` asleep, `T` stopped).
+fn all_threads_in(pid: u32, state: char) -> bool {
     let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return false;
     };
@@ -351,9 +361,23 @@ fn all_threads_stopped(pid: u32) -> bool {
         std::fs::read_to_string(thread.path().join("stat")).is_ok_and(|stat| {
             // The state follows the command's closing parenthesis.
             stat.rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with('T'))
+                .is_some_and(|(_, rest)| rest.starts_with(state))
         })
     })
+}
+
+/// Waits until the one thread of `pid` is off the CPU and asleep: its wait channel is named
+/// only once it has left the run queue, the switch-out that accounts its last slice.
+fn wait_until_asleep(pid: u32) {
+    let started = std::time::Instant::now();
+    loop {
+        let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+        if !wchan.is_empty() && wchan != "0" {
+            return;
+        }
+        assert!(started.elapsed() < LIMIT, "{pid} never went to sleep");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// The programs keep most workers' counters in a fixed array of slots, taken on a worker's

@@ -2,8 +2,9 @@
 //! tests compare workerprobe against what the workload itself did.
 //!
 //! Modes:
-//! - `spin MS THREADS`: THREADS threads each busy-loop until it has run MS milliseconds of
-//!   CPU time (its own thread CPU clock), however busy the machine is.
+//! - `spin MS THREADS [asleep]`: THREADS threads each busy-loop until it has run MS milliseconds
+//!   of CPU time (its own thread CPU clock), however busy the machine is. With `asleep`, first
+//!   prints `{"ready":true}` and sleeps until SIGUSR1.
 //! - `recv tcp|udp|unix|unixgram|seqpacket|udp-mmsg|tcp-splice|unix-splice|tcp-uring ADDR DATAGRAMS`: bind ADDR (port 0 = any; a path
 //!   for unix and seqpacket), print `{"addr":…}`, then receive until EOF (stream, seqpacket)
 //!   or DATAGRAMS datagrams / 2 s of silence (udp, unixgram: recv; udp-mmsg: recvmmsg in batches of 8);
@@ -67,7 +68,12 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or_else(|| usage());
     match arg(0) {
-        "spin" => spin(num(arg(1)), num(arg(2)) as usize),
+        "spin" => {
+            if args.get(3).map(String::as_str) == Some("asleep") {
+                sleep_until_go();
+            }
+            spin(num(arg(1)), num(arg(2)) as usize)
+        }
         "recv" => recv(arg(1), arg(2), num(arg(3))),
         "send" => send(arg(1), arg(2), num(arg(3)), arg(4)),
         "pinned-spin" => pinned_spin(num(arg(1)), num(arg(2)) as usize, num(arg(3)) as usize),
@@ -648,6 +654,22 @@ fn hold(mib: u64, ms: u64) {
         std::thread::sleep(Duration::from_millis(9));
     }
     std::hint::black_box(&held);
+}
+
+/// Prints that start-up is over, then sleeps (off the CPU, its slices all accounted) until
+/// SIGUSR1.
+fn sleep_until_go() {
+    // SAFETY: plain signal-set calls on a zeroed set; SIGUSR1 is blocked before anyone is
+    // told to send it, so it waits for sigwait, which takes it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        announce_ready();
+        let mut signal = 0;
+        libc::sigwait(&set, &mut signal);
+    }
 }
 
 fn announce_ready() {
