@@ -26,7 +26,10 @@ impl Runtimes {
     /// Looks for each runtime's state where it keeps it.
     pub fn probe() -> Self {
         Self {
-            podman: podman::Podman::start(podman::DEFAULT_GRAPH_ROOT.as_ref()),
+            podman: podman::Podman::start(
+                podman::DEFAULT_GRAPH_ROOT.as_ref(),
+                podman::DEFAULT_EVENTS_LOG.as_ref(),
+            ),
             docker: docker::Docker::start(docker::DEFAULT_SOCKET.as_ref()),
             cri: cri::SOCKETS
                 .iter()

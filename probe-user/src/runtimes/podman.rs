@@ -3,6 +3,11 @@
 //! container's id, names and image. podman rewrites the file (by rename) as containers come
 //! and go; a thread watches the directory with inotify and reads it after each change, so a
 //! container that lived 0.2 s is known before the agent's next tick asks for it.
+//!
+//! On a busy node that thread may read the list only after a short container has come and
+//! gone (`podman run --rm`), so a container the list never showed is looked for in podman's
+//! event log as well, where it stays: root's podman without journald appends each container's
+//! creation, with its id, name and image, to `/run/libpod/events/events.log`.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -26,11 +31,36 @@ const CONTAINERS_FILE: &str = "containers.json";
 /// exit summary and in the window that saw it.
 const MAX_REMOVED: usize = 4096;
 
+/// Where root's podman appends its events when it logs them to a file (no journald).
+pub const DEFAULT_EVENTS_LOG: &str = "/run/libpod/events/events.log";
+
 /// podman's containers, as its storage last listed them (and those it listed recently).
 pub struct Podman {
     known: Arc<Mutex<Known>>,
     /// The list, once found: read here too when asked for a container not yet known.
     file: Arc<Mutex<Option<PathBuf>>>,
+    /// podman's event log, read from where the last read ended when a container is not known.
+    events: Mutex<EventLog>,
+}
+
+/// podman's event log and how far it has been read.
+struct EventLog {
+    path: PathBuf,
+    /// Bytes read so far (up to the last whole line).
+    offset: u64,
+}
+
+/// One line of podman's event log (only what names a container).
+#[derive(Deserialize)]
+struct Event {
+    #[serde(rename = "Type", default)]
+    kind: String,
+    #[serde(rename = "ID", default)]
+    id: String,
+    #[serde(rename = "Name", default)]
+    name: String,
+    #[serde(rename = "Image", default)]
+    image: String,
 }
 
 #[derive(Default)]
@@ -67,7 +97,12 @@ impl Podman {
     /// Starts watching the storage under `graph_root`; `None` when podman is not here. A
     /// podman that has not made a container yet has no list: its storage is looked for
     /// every few seconds until it appears.
-    pub fn start(graph_root: &Path) -> Option<Self> {
+    pub fn start(graph_root: &Path, events_log: &Path) -> Option<Self> {
+        // Containers made before the agent are in the list: the log is read from its end.
+        let events = Mutex::new(EventLog {
+            path: events_log.to_path_buf(),
+            offset: fs::metadata(events_log).map_or(0, |meta| meta.len()),
+        });
         let known = Arc::new(Mutex::new(Known::default()));
         let found = Arc::new(Mutex::new(None));
         match containers_dir(graph_root) {
@@ -112,7 +147,11 @@ impl Podman {
             }
             None => return None,
         }
-        Some(Self { known, file: found })
+        Some(Self {
+            known,
+            file: found,
+            events,
+        })
     }
 
     /// The container with this full id, if podman listed it. One the watching thread has not
@@ -123,6 +162,13 @@ impl Podman {
             let known = self.known.lock().ok()?;
             known.by_id.get(id).map(|(info, _)| info.clone())
         };
+        if let Some(info) = lookup() {
+            return Some(info);
+        }
+        // What podman logged since the last look: a container the list never showed.
+        if let Ok(mut events) = self.events.lock() {
+            events.read_new(&self.known);
+        }
         if let Some(info) = lookup() {
             return Some(info);
         }
@@ -140,6 +186,59 @@ impl Podman {
         let _ = refresh(&self.known, &file);
         lookup()
     }
+}
+
+impl EventLog {
+    /// Reads the lines podman appended since the last read; each container they name that is
+    /// not known yet becomes known as one no longer listed (it is forgotten like those).
+    fn read_new(&mut self, known: &Mutex<Known>) {
+        use std::io::{Read as _, Seek as _};
+        let Ok(mut file) = fs::File::open(&self.path) else {
+            return;
+        };
+        let length = file.metadata().map_or(0, |meta| meta.len());
+        if length < self.offset {
+            // Rotated (podman truncates a log past its size limit): from its start.
+            self.offset = 0;
+        }
+        let mut text = Vec::new();
+        if file.seek(std::io::SeekFrom::Start(self.offset)).is_err()
+            || file.read_to_end(&mut text).is_err()
+        {
+            return;
+        }
+        // A line still being written is read again next time.
+        let Some(end) = text.iter().rposition(|&byte| byte == b'\n') else {
+            return;
+        };
+        self.offset += end as u64 + 1;
+        let Ok(mut known) = known.lock() else {
+            return;
+        };
+        for info in parse_events(&text[..end]) {
+            if !known.by_id.contains_key(&info.id) {
+                known.removed.push_back(info.id.clone());
+                known.by_id.insert(info.id.clone(), (info, false));
+            }
+        }
+        forget_oldest(&mut known);
+    }
+}
+
+/// The containers named in lines of podman's event log (other lines are passed over).
+fn parse_events(text: &[u8]) -> Vec<ContainerInfo> {
+    text.split(|&byte| byte == b'\n')
+        .filter_map(|line| serde_json::from_slice::<Event>(line).ok())
+        .filter(|event| event.kind == "container" && !event.id.is_empty())
+        .map(|event| ContainerInfo {
+            runtime: "podman".into(),
+            id: event.id,
+            name: event.name,
+            image: (!event.image.is_empty()).then_some(event.image),
+            image_id: None,
+            pod: None,
+        })
+        .collect()
 }
 
 /// Where Debian's podman is: installed but unused, its storage is still to come.
@@ -255,6 +354,12 @@ fn refresh(known: &Mutex<Known>, file: &Path) -> Result<(), ReadError> {
     for info in listed {
         known.by_id.insert(info.id.clone(), (info, true));
     }
+    forget_oldest(known);
+    Ok(())
+}
+
+/// Forgets the oldest containers no longer listed beyond [`MAX_REMOVED`].
+fn forget_oldest(known: &mut Known) {
     // Ids listed again linger in `removed` and are skipped here.
     let mut unlisted = known.by_id.values().filter(|(_, listed)| !listed).count();
     while unlisted > MAX_REMOVED
@@ -271,7 +376,6 @@ fn refresh(known: &Mutex<Known>, file: &Path) -> Result<(), ReadError> {
             .removed
             .retain(|id| by_id.get(id).is_some_and(|(_, listed)| !listed));
     }
-    Ok(())
 }
 
 /// The containers a containers.json lists.
@@ -331,7 +435,8 @@ mod tests {
         let root = std::env::temp_dir().join(format!("wp-podman-late-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
         fs::create_dir_all(&root).expect("makes the graph root");
-        let podman = Podman::start(&root).expect("a graph root is podman's");
+        let podman =
+            Podman::start(&root, &root.join("events.log")).expect("a graph root is podman's");
         let dir = root.join("overlay-containers");
         fs::create_dir_all(&dir).expect("makes the containers directory");
         // As podman writes it: a temporary file renamed over the list.
@@ -361,7 +466,59 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        assert!(Podman::start(&root.join("absent")).is_some() == Path::new(PODMAN).exists());
+        assert!(
+            Podman::start(&root.join("absent"), &root.join("events.log")).is_some()
+                == Path::new(PODMAN).exists()
+        );
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    /// Lines podman 4.3.1 appended to its event log for `podman run --rm --name wp-test-short`
+    /// (and an image's line between them).
+    const LOGGED: &str = r#"{"ID":"cba0bb08add4549a3f7ad7aa6df1be0692cc77fcaef07c9b2e1f7e241ef5be83","Image":"localhost/workerprobe-test-busybox:1","Name":"wp-test-short","Status":"create","Time":"2026-12-06T09:11:47.314526521Z","Type":"container","Attributes":{}}
+{"Name":"localhost/workerprobe-test-busybox:1","Status":"pull","Time":"2026-12-06T11:14:52.229970072Z","Type":"image","Attributes":null}
+{"ID":"cba0bb08add4549a3f7ad7aa6df1be0692cc77fcaef07c9b2e1f7e241ef5be83","Image":"localhost/workerprobe-test-busybox:1","Name":"wp-test-short","Status":"init","Time":"2026-12-06T09:11:47.475203712Z","Type":"container","Attributes":{}}
+"#;
+
+    #[test]
+    fn a_container_the_list_never_showed_is_named_from_the_event_log() {
+        let root = std::env::temp_dir().join(format!("wp-podman-events-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let dir = root.join("overlay-containers");
+        fs::create_dir_all(&dir).expect("makes the containers directory");
+        fs::write(dir.join(CONTAINERS_FILE), "[]").expect("writes");
+        let log = root.join("events.log");
+        // What was logged before the agent started is not read again.
+        fs::write(&log, LOGGED.replace("wp-test-short", "wp-before")).expect("writes");
+        let podman = Podman::start(&root, &log).expect("a graph root is podman's");
+        let id = "cba0bb08add4549a3f7ad7aa6df1be0692cc77fcaef07c9b2e1f7e241ef5be83";
+        // Appended while the list never lists it; the last line is still being written.
+        let (whole, partial) = LOGGED.split_at(LOGGED.len() - 40);
+        let mut appended = fs::read_to_string(&log).expect("reads");
+        appended.push_str(whole);
+        fs::write(&log, &appended).expect("appends");
+        let info = podman.describe(id).expect("named from the log");
+        assert_eq!(info.name, "wp-test-short");
+        assert_eq!(
+            info.image.as_deref(),
+            Some("localhost/workerprobe-test-busybox:1")
+        );
+        assert_eq!(podman.events.lock().expect("lock").offset as usize, {
+            appended.rfind('\n').expect("a line") + 1
+        });
+        appended.push_str(partial);
+        fs::write(&log, &appended).expect("appends");
+        assert!(podman.describe("0123").is_none(), "an id nobody logged");
+        assert_eq!(
+            podman.events.lock().expect("lock").offset as usize,
+            appended.len()
+        );
+        // A rotated log is read from its start.
+        fs::write(&log, LOGGED.replace(id, "abcd")).expect("rotates");
+        assert_eq!(
+            podman.describe("abcd").expect("named").name,
+            "wp-test-short"
+        );
         let _ = fs::remove_dir_all(&root);
     }
 
