@@ -299,7 +299,7 @@ fn threads_sharing_a_cpu_moved_while_they_run_are_charged_as_cpu_stat_says() {
         wait_for_cpu(&b, b.cpu_stat().usage_usec, 20_000_000, LIMIT);
         // Back while stopped: no thread is on a CPU at that move.
         signal(pid, libc::SIGSTOP);
-        while !all_threads_in(pid, 'T') {
+        while !all_threads_stopped(pid) {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         move_process(pid, &a);
@@ -352,8 +352,7 @@ fn signal(pid: u32, signal: i32) {
 }
 
 /// Whether every thread of `pid` is stopped (state `T` in its stat).
-/// Whether every thread of `pid` is in `state` (`/proc`'s letter: `S` asleep, `T` stopped).
-fn all_threads_in(pid: u32, state: char) -> bool {
+fn all_threads_stopped(pid: u32) -> bool {
     let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return false;
     };
@@ -361,7 +360,7 @@ fn all_threads_in(pid: u32, state: char) -> bool {
         std::fs::read_to_string(thread.path().join("stat")).is_ok_and(|stat| {
             // The state follows the command's closing parenthesis.
             stat.rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with(state))
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
         })
     })
 }

@@ -503,9 +503,11 @@ mod tests {
             info.image.as_deref(),
             Some("localhost/workerprobe-test-busybox:1")
         );
-        assert_eq!(podman.events.lock().expect("lock").offset as usize, {
-            appended.rfind('\n').expect("a line") + 1
-        });
+        let whole_lines = appended.rfind('\n').expect("a line") + 1;
+        assert_eq!(
+            podman.events.lock().expect("lock").offset as usize,
+            whole_lines
+        );
         appended.push_str(partial);
         fs::write(&log, &appended).expect("appends");
         assert!(podman.describe("0123").is_none(), "an id nobody logged");
