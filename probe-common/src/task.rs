@@ -34,6 +34,13 @@ pub const CGROUP_ROOT_HIERARCHY_ID_OFFSET_GLOBAL: &str = "CGROUP_ROOT_HIERARCHY_
 /// Global: `offsetof(struct kernfs_node, id)`.
 pub const KERNFS_NODE_ID_OFFSET_GLOBAL: &str = "KERNFS_NODE_ID_OFFSET";
 
+/// Global: 1 when a tracing program always finds a task's existing local storage, even while
+/// the storage is busy on its CPU (6.2+, `bpf_task_storage_get_recur`). Only then may a
+/// switch-out whose task has no storage, and none could be made, charge its slice through a
+/// stand-in: on older kernels the task may have storage that was busy, whose account would
+/// charge the slice again.
+pub const STAND_IN_STATE_GLOBAL: &str = "STAND_IN_STATE";
+
 /// Global: `offsetof(struct task_struct, utime)` (tick-sampled user time, ns).
 pub const UTIME_OFFSET_GLOBAL: &str = "TASK_UTIME_OFFSET";
 /// Global: `offsetof(struct task_struct, stime)` (tick-sampled system time, ns).

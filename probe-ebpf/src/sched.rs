@@ -277,8 +277,9 @@ fn charge_sleep_before_move(
 #[btf_tracepoint(function = "sched_wakeup_new")]
 pub fn wakeup_new(ctx: BtfTracePointContext) -> u32 {
     let task: Task = ctx.arg(0);
+    // Without state, nothing is lost: the first switch-out starts a new thread's account
+    // from its birth (see `on_switch`).
     let Some(state) = task::state(task) else {
-        count_drop(DROP_TASK_STATE);
         return 0;
     };
     if state.flags & task::SEEN == 0 {
@@ -302,8 +303,9 @@ pub fn wakeup_new(ctx: BtfTracePointContext) -> u32 {
 /// so its run-queue wait since the wakeup (µs as a rule) goes to the new cgroup's sleep.
 #[inline(always)]
 fn switch_in(next: Task) {
+    // Made here so the socket programs find it while the task runs. Without it nothing is
+    // lost: the task was never seen, and its switch-out starts its account.
     let Some(state) = task::state(next) else {
-        count_drop(DROP_TASK_STATE);
         return;
     };
     if state.flags & task::SEEN == 0 {
@@ -561,31 +563,27 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     if crate::process::on() && prev_state & crate::process::TASK_DEAD != 0 {
         crate::process::thread_end(prev, task::existing_state(prev).as_deref());
     }
-    let Some(state) = task::state(prev) else {
+    // No state and none could be made: a stand-in charges this slice as at a first sight.
+    let Some(state) = task::state(prev).or_else(task::stand_in_state) else {
         count_drop(DROP_TASK_STATE);
         return;
     };
     let preempt: u64 = ctx.arg(0);
     // As the kernel counts nvcsw: a switch is voluntary when the thread left the run queue.
     let voluntary = (preempt & 1) == 0 && (prev_state & 0xffff_ffff) != 0;
-    if state.flags & task::SEEN == 0 {
-        start_account(state, prev);
-        if since.next_task == prev as u64 {
-            // It came in at this CPU's last switch (new, or running since before it had
-            // state): its slice started then.
-            state.accounted_runtime_ns = since.next_accounted_runtime_ns;
-            if since.next_accounted_runtime_ns == 0 {
-                // A new thread: its sampled times were zero at switch-in too.
-                state.accounted_utime_ns = 0;
-                state.accounted_stime_ns = 0;
-            }
-        } else {
+    if state.flags & task::SEEN == 0
+        && !first_sight(
+            state,
+            prev,
+            since.next_task,
+            since.next_accounted_runtime_ns,
+        )
+    {
+        if DELAYS && state.flags & task::STAND_IN == 0 {
             // Its switch-in was not seen: its account starts now.
-            if DELAYS {
-                go_off_cpu::<WAITS>(state, prev, voluntary, prev_state, 0);
-            }
-            return;
+            go_off_cpu::<WAITS>(state, prev, voluntary, prev_state, 0);
         }
+        return;
     }
     // The scheduler charged prev's runtime just before this tracepoint.
     let runtime_ns = task::sum_exec_runtime_ns(prev);
@@ -612,6 +610,38 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     } else {
         count_drop(DROP_CPU_STATS);
     }
+}
+
+/// Rare path: the task's first switch-out with state of its own or a stand-in; starts its
+/// account. True when the slice ending now is to be charged: the task came in at this CPU's
+/// last switch (`last_next_task`, then with `last_next_runtime_ns`), so the slice started
+/// then (it is new, or was running before it had state).
+#[cold]
+#[inline(never)]
+fn first_sight(
+    state: &mut TaskState,
+    prev: Task,
+    last_next_task: u64,
+    last_next_runtime_ns: u64,
+) -> bool {
+    start_account(state, prev);
+    if last_next_task == prev as u64 {
+        state.accounted_runtime_ns = last_next_runtime_ns;
+        if last_next_runtime_ns == 0 {
+            // A new thread: its sampled times and waits were zero at switch-in too, but for
+            // its first run-queue wait (folded in at that switch-in), its own.
+            state.accounted_utime_ns = 0;
+            state.accounted_stime_ns = 0;
+            state.accounted_run_delay_ns = 0;
+            state.accounted_arrivals = 0;
+        }
+        return true;
+    }
+    if state.flags & task::STAND_IN != 0 {
+        // Neither state nor a switch-in to count from: this slice is lost.
+        count_drop(DROP_TASK_STATE);
+    }
+    false
 }
 
 /// Writes this CPU's switch to `next` over `last` (a per-CPU value); returns the switch before.

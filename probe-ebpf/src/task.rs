@@ -7,7 +7,8 @@
 use aya_ebpf::{
     Global,
     helpers::{bpf_probe_read_kernel, generated::bpf_task_pt_regs},
-    macros::btf_map,
+    macros::{btf_map, map},
+    maps::PerCpuArray,
 };
 
 use crate::local_storage::{LocalStorage, TASK_STORAGE};
@@ -44,6 +45,8 @@ static CGROUP_ROOT_OFFSET: Global<u32> = Global::new(0);
 static CGROUP_ROOT_HIERARCHY_ID_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static TASK_FLAGS_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static STAND_IN_STATE: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static TASK_UTIME_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
@@ -424,6 +427,9 @@ pub struct TaskState {
 
 /// [`TaskState::flags`]: the baselines are set.
 pub const SEEN: u32 = 1;
+/// [`TaskState::flags`]: a stand-in for one switch-out (see [`stand_in_state`]), not the
+/// task's own state.
+pub const STAND_IN: u32 = 2;
 /// [`TaskState::state`]: on a CPU or runnable.
 pub const RUNNING: u32 = 0;
 /// In uninterruptible sleep (D).
@@ -446,4 +452,31 @@ pub fn existing_state(task: Task) -> Option<&'static mut TaskState> {
 #[inline(always)]
 pub fn state(task: Task) -> Option<&'static mut TaskState> {
     TASK_STATE.task_value(task, true)
+}
+
+/// Per CPU: [`stand_in_state`]'s value.
+#[map]
+static STAND_IN_STATES: PerCpuArray<TaskState> = PerCpuArray::with_max_entries(1, 0);
+
+/// All zeros: fresh state.
+// SAFETY: every field of `TaskState` is an integer or an array of them.
+const ZERO_STATE: TaskState = unsafe { core::mem::zeroed() };
+
+/// Rare path: a fresh state, this CPU's and marked [`STAND_IN`], for a switch-out whose task
+/// has no state and none could be made; `None` on a kernel where the task may have state the
+/// lookup did not find (see `probe_common::task::STAND_IN_STATE_GLOBAL`). Its account starts
+/// like a first sight's, from the switch-in this CPU recorded, so the slice is charged once;
+/// the task's next switch-out with state of its own is a first sight again.
+#[inline(never)]
+pub fn stand_in_state() -> Option<&'static mut TaskState> {
+    if STAND_IN_STATE.load() == 0 {
+        return None;
+    }
+    let state = STAND_IN_STATES.get_ptr_mut(0)?;
+    // SAFETY: this CPU's value; no other program writes it while this one runs.
+    unsafe {
+        *state = ZERO_STATE;
+        (*state).flags = STAND_IN;
+        Some(&mut *state)
+    }
 }

@@ -76,7 +76,7 @@ fn message(slot: usize, max_workers: u32) -> String {
             "new workers' socket bytes are not counted until a removed worker frees its entry; raise --max-workers (now {max_workers})"
         ),
         2 => format!(
-            "some threads' CPU slices and delays are not counted (per-thread kernel storage could not be made or was in use; --max-workers, now {max_workers}, does not size it)"
+            "some threads' CPU slices are not counted (per-thread kernel storage could not be made or was in use; --max-workers, now {max_workers}, does not size it)"
         ),
         3 => "exit summaries may be missing; read the agent's output faster".to_string(),
         7 => "process summaries may be missing or incomplete; read the agent's output faster"

@@ -98,6 +98,9 @@ pub struct KernelFeatures {
     pub fexit: bool,
     /// Task-local storage maps can be made.
     pub task_storage: bool,
+    /// A tracing program finds a task's existing storage even while the storage is busy on
+    /// its CPU: only making storage can fail (6.2+).
+    pub task_storage_found_while_busy: bool,
     /// `task_struct.sched_info` exists.
     pub sched_info: bool,
     /// The cgroup iterator can read the kernel's per-CPU cgroup CPU time.
@@ -149,7 +152,10 @@ impl KernelFeatures {
                     }
                 }
                 Need::Fexit => features.fexit = fexit_attaches(btf),
-                Need::TaskStorage => features.task_storage = task_storage_built(btf),
+                Need::TaskStorage => {
+                    features.task_storage = task_storage_built(btf);
+                    features.task_storage_found_while_busy = task_storage_found_while_busy(btf);
+                }
                 Need::SchedInfo => {}
                 Need::CgroupRstat => features.cgroup_rstat = cgroup_rstat_readable(btf),
                 Need::CgroupMemory => features.cgroup_memory = cgroup_memory_readable(btf),
@@ -167,6 +173,14 @@ impl KernelFeatures {
 /// 200 ms of a restart while the last run's maps were still being freed.
 fn task_storage_built(btf: &Btf) -> bool {
     btf.named("bpf_task_storage_get", Kind::Func).is_some()
+}
+
+/// Whether a tracing program's `bpf_task_storage_get` finds a task's existing storage even
+/// while the storage is busy on its CPU: the kernel has `bpf_task_storage_get_recur` (6.2+),
+/// which only makes new storage behind the busy check. Before it, the lookup itself failed.
+fn task_storage_found_while_busy(btf: &Btf) -> bool {
+    btf.named("bpf_task_storage_get_recur", Kind::Func)
+        .is_some()
 }
 
 /// Whether the kernel has the cgroup iterator (`struct bpf_iter__cgroup`), the helper that
@@ -347,6 +361,19 @@ mod tests {
         }
         // sched_switch, sched_wakeup_new and more are in every kernel the agent runs on.
         assert!(found >= 5, "only {found} needs found");
+    }
+
+    #[test]
+    fn busy_storage_is_found_where_the_kernel_has_the_recursion_safe_helper() {
+        let bytes = std::fs::read(super::super::kernel_btf::VMLINUX_BTF)
+            .expect("the kernel's BTF (the agent needs it)");
+        let ours = Btf::parse(&bytes).unwrap();
+        // The kernel's own symbol table, not its BTF, says whether the helper is built.
+        let symbols = std::fs::read_to_string("/proc/kallsyms").expect("/proc/kallsyms");
+        let built = symbols
+            .lines()
+            .any(|line| line.split_whitespace().nth(2) == Some("bpf_task_storage_get_recur"));
+        assert_eq!(task_storage_found_while_busy(&ours), built);
     }
 
     #[test]

@@ -44,8 +44,9 @@ use probe_common::{
         PT_REGS_DI_OFFSET_GLOBAL, PT_REGS_ORIG_AX_OFFSET_GLOBAL,
         SCHED_INFO_LAST_ARRIVAL_OFFSET_GLOBAL, SCHED_INFO_LAST_QUEUED_OFFSET_GLOBAL,
         SCHED_INFO_PCOUNT_OFFSET_GLOBAL, SCHED_INFO_RUN_DELAY_OFFSET_GLOBAL,
-        SCHED_TASK_GROUP_OFFSET_GLOBAL, STIME_OFFSET_GLOBAL, SUM_EXEC_RUNTIME_OFFSET_GLOBAL,
-        TASK_GROUP_CSS_CGROUP_OFFSET_GLOBAL, TGID_OFFSET_GLOBAL, UTIME_OFFSET_GLOBAL,
+        SCHED_TASK_GROUP_OFFSET_GLOBAL, STAND_IN_STATE_GLOBAL, STIME_OFFSET_GLOBAL,
+        SUM_EXEC_RUNTIME_OFFSET_GLOBAL, TASK_GROUP_CSS_CGROUP_OFFSET_GLOBAL, TGID_OFFSET_GLOBAL,
+        UTIME_OFFSET_GLOBAL,
     },
 };
 
@@ -539,6 +540,11 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
         .override_global(
             CGROUP_ROOT_HIERARCHY_ID_OFFSET_GLOBAL,
             &task.cgroup_root_hierarchy_id,
+            true,
+        )
+        .override_global(
+            STAND_IN_STATE_GLOBAL,
+            &u32::from(features.task_storage_found_while_busy),
             true,
         )
         .override_global(UTIME_OFFSET_GLOBAL, &task.utime, true)
