@@ -8,11 +8,13 @@ pub const DROP_CPU_STATS: u32 = 0;
 /// A `NET_STATS` insert failed (map full): that call's bytes are lost.
 pub const DROP_NET_STATS: u32 = 1;
 /// A task had no local storage at a switch-out, none could be made (the kernel could not
-/// allocate, or the storage was busy on that CPU), and its switch-in was not seen: that slice
-/// is lost. Counted nowhere else: without storage at its wakeup or switch-in, or with storage
-/// made after a failure, a thread's account starts from its last switch-in (a new thread's
-/// from its birth), so nothing is lost; on kernels before 6.2 a busy lookup of storage that
-/// exists is counted too, though its slice waits for the next switch-out.
+/// allocate, or the storage was busy on that CPU), and nothing tells where its slice began
+/// (its switch-in went unreported and it is not of the fair class, which keeps its own
+/// record): that slice is lost. Counted nowhere else: without storage at its wakeup or
+/// switch-in, or with storage made after a failure, a thread's account starts from its last
+/// switch-in (a new thread's from its birth), so nothing is lost; on kernels before 6.2 a busy
+/// lookup of storage that exists is counted too, though its slice waits for the next
+/// switch-out.
 pub const DROP_TASK_STATE: u32 = 2;
 /// The lifecycle ring buffer was full: a cgroup made or removed went untold.
 pub const DROP_EVENTS: u32 = 3;

@@ -6,6 +6,9 @@ pub const SUM_EXEC_RUNTIME_OFFSET_GLOBAL: &str = "TASK_SUM_EXEC_RUNTIME_OFFSET";
 /// Global: `offsetof(struct task_struct, se.prev_sum_exec_runtime)`: `sum_exec_runtime` when
 /// the scheduler last put the task on its CPU (`set_next_entity`).
 pub const PREV_SUM_EXEC_RUNTIME_OFFSET_GLOBAL: &str = "TASK_PREV_SUM_EXEC_RUNTIME_OFFSET";
+/// Global: `offsetof(struct task_struct, policy)`: the scheduling policy, which says whether
+/// the fair class keeps `prev_sum_exec_runtime`.
+pub const POLICY_OFFSET_GLOBAL: &str = "TASK_POLICY_OFFSET";
 /// Global: `offsetof(struct task_struct, sched_task_group)`: the task's cpu controller group
 /// (0: a kernel without CONFIG_CGROUP_SCHED).
 pub const SCHED_TASK_GROUP_OFFSET_GLOBAL: &str = "TASK_SCHED_TASK_GROUP_OFFSET";
@@ -97,6 +100,8 @@ pub struct TaskOffsets {
     pub sum_exec_runtime: u32,
     /// `task_struct.se.prev_sum_exec_runtime`.
     pub prev_sum_exec_runtime: u32,
+    /// `task_struct.policy`.
+    pub policy: u32,
     /// `task_struct.sched_task_group` and `task_group.css.cgroup`, `None` without
     /// CONFIG_CGROUP_SCHED.
     pub cpu_group: Option<CpuGroupOffsets>,

@@ -613,9 +613,14 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
 }
 
 /// Rare path: the task's first switch-out with state of its own or a stand-in; starts its
-/// account. True when the slice ending now is to be charged: the task came in at this CPU's
-/// last switch (`last_next_task`, then with `last_next_runtime_ns`), so the slice started
-/// then (it is new, or was running before it had state).
+/// account. True when the slice ending now is to be charged, from where the task's runtime
+/// stood at its switch-in: this CPU's record of it when the task came in at this CPU's last
+/// switch (`last_next_task`, then with `last_next_runtime_ns`); else, when that switch-in went
+/// unreported (the tracepoint misses a few switches on some virtual machines), the fair
+/// class's own record of it, which it also restarts later in a slice (at a thread's exit, a
+/// change of affinity, priority or cpu group), so the slice is never overcharged. False for a
+/// task running since before any switch here was seen (it began before the programs were
+/// attached), as for a task of another class whose switch-in went unreported.
 #[cold]
 #[inline(never)]
 fn first_sight(
@@ -625,23 +630,27 @@ fn first_sight(
     last_next_runtime_ns: u64,
 ) -> bool {
     start_account(state, prev);
-    if last_next_task == prev as u64 {
-        state.accounted_runtime_ns = last_next_runtime_ns;
-        if last_next_runtime_ns == 0 {
-            // A new thread: its sampled times and waits were zero at switch-in too, but for
-            // its first run-queue wait (folded in at that switch-in), its own.
-            state.accounted_utime_ns = 0;
-            state.accounted_stime_ns = 0;
-            state.accounted_run_delay_ns = 0;
-            state.accounted_arrivals = 0;
+    let switched_in_runtime_ns = if last_next_task == prev as u64 {
+        last_next_runtime_ns
+    } else if last_next_task != 0 && task::is_fair(prev) {
+        task::prev_sum_exec_runtime_ns(prev)
+    } else {
+        if last_next_task != 0 && state.flags & task::STAND_IN != 0 {
+            // Neither state nor a switch-in to count from: this slice is lost.
+            count_drop(DROP_TASK_STATE);
         }
-        return true;
+        return false;
+    };
+    state.accounted_runtime_ns = switched_in_runtime_ns;
+    if switched_in_runtime_ns == 0 {
+        // A new thread: its sampled times and waits were zero at switch-in too, but for its
+        // first run-queue wait (folded in at that switch-in), its own.
+        state.accounted_utime_ns = 0;
+        state.accounted_stime_ns = 0;
+        state.accounted_run_delay_ns = 0;
+        state.accounted_arrivals = 0;
     }
-    if state.flags & task::STAND_IN != 0 {
-        // Neither state nor a switch-in to count from: this slice is lost.
-        count_drop(DROP_TASK_STATE);
-    }
-    false
+    true
 }
 
 /// Writes this CPU's switch to `next` over `last` (a per-CPU value); returns the switch before.

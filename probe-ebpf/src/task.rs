@@ -18,6 +18,8 @@ static TASK_SUM_EXEC_RUNTIME_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static TASK_PREV_SUM_EXEC_RUNTIME_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static TASK_POLICY_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static TASK_SCHED_TASK_GROUP_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static TASK_GROUP_CSS_CGROUP_OFFSET: Global<u32> = Global::new(0);
@@ -115,6 +117,16 @@ pub fn sum_exec_runtime_ns(task: Task) -> u64 {
 pub fn prev_sum_exec_runtime_ns(task: Task) -> u64 {
     // SAFETY: task pointer from a tracepoint; offset from BTF.
     unsafe { field(task, TASK_PREV_SUM_EXEC_RUNTIME_OFFSET.load()) }
+}
+
+/// Whether the task is scheduled by the fair class (`SCHED_NORMAL`, `SCHED_BATCH` or
+/// `SCHED_IDLE`), the one that keeps [`prev_sum_exec_runtime_ns`] (a sched_ext scheduler that
+/// takes every task runs such tasks in its own class, which does not).
+#[inline(always)]
+pub fn is_fair(task: Task) -> bool {
+    // SAFETY: task pointer from a tracepoint; offset from BTF.
+    let policy: u32 = unsafe { field(task, TASK_POLICY_OFFSET.load()) };
+    matches!(policy, 0 | 3 | 5)
 }
 
 /// Whether the task's cpu controller group is its cgroup2 cgroup's own

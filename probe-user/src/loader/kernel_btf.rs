@@ -50,6 +50,7 @@ pub fn task_offsets(btf: &Btf) -> anyhow::Result<TaskOffsets> {
     Ok(TaskOffsets {
         sum_exec_runtime: member_offset(btf, "task_struct", &["se", "sum_exec_runtime"])?,
         prev_sum_exec_runtime: member_offset(btf, "task_struct", &["se", "prev_sum_exec_runtime"])?,
+        policy: member_offset(btf, "task_struct", &["policy"])?,
         // Only with CONFIG_CGROUP_SCHED; without it no move goes through a cpu controller.
         cpu_group: cpu_group_offsets(btf).ok(),
         pid: member_offset(btf, "task_struct", &["pid"])?,
@@ -367,6 +368,7 @@ mod tests {
             ("socket", &["sk"]),
             ("task_struct", &["se", "sum_exec_runtime"]),
             ("task_struct", &["se", "prev_sum_exec_runtime"]),
+            ("task_struct", &["policy"]),
             ("task_struct", &["sched_task_group"]),
             ("task_group", &["css", "cgroup"]),
             ("task_struct", &["sched_info", "pcount"]),
