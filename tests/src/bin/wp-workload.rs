@@ -147,12 +147,9 @@ fn reasons(scratch: &str, peer: &str) {
     // large (after a fork the parent's copy-on-write faults alone ran 11 ms; each wakeup
     // queues for tens).
     let timed = |work: &mut dyn FnMut()| {
-        let (ran_before, queued_before) = (thread_cpu_time(), own_run_delay_ns());
-        let at = std::time::Instant::now();
+        let before = ThreadClocks::now();
         work();
-        let took = at.elapsed().as_nanos() as u64;
-        let ran = (thread_cpu_time() - ran_before).as_nanos() as u64;
-        took.saturating_sub(ran + own_run_delay_ns() - queued_before)
+        ThreadClocks::now().asleep_since(&before)
     };
     let timer_ns = timed(&mut || std::thread::sleep(Duration::from_millis(500)));
     // The peer answers each ping after a quarter of a second: once read with read(2), whose
@@ -719,13 +716,59 @@ fn pin_to(cpu: usize) {
     }
 }
 
+/// The calling thread's run-queue delay so far (ns) and how many times it got a CPU after
+/// waiting for one, from the kernel's schedstat.
+fn own_schedstat() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
+    let field = |n| {
+        text.split_whitespace()
+            .nth(n)
+            .and_then(|v| v.parse().ok())
+            .expect("schedstat field")
+    };
+    (field(1), field(2))
+}
+
 /// The calling thread's run-queue delay so far, from the kernel's schedstat (ns).
 fn own_run_delay_ns() -> u64 {
-    let text = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
-    text.split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .expect("run_delay")
+    own_schedstat().0
+}
+
+/// The calling thread's wall clock, CPU time and run-queue delay, read at one instant.
+struct ThreadClocks {
+    wall: std::time::Instant,
+    cpu: Duration,
+    run_delay_ns: u64,
+}
+
+impl ThreadClocks {
+    /// Reads the three together. The kernel adds a run-queue wait to run_delay when the
+    /// thread gets its CPU back, so a wait between the run_delay read and the wall clock's
+    /// would count on one side of a window only (a 25 ms one, just after a fork, once made
+    /// a timed wait short by as much in a loaded 6.12 VM): read again until no such return
+    /// (schedstat's count of them) fell between.
+    fn now() -> Self {
+        loop {
+            let (run_delay_ns, returns) = own_schedstat();
+            let wall = std::time::Instant::now();
+            let cpu = thread_cpu_time();
+            if own_schedstat().1 == returns {
+                return Self {
+                    wall,
+                    cpu,
+                    run_delay_ns,
+                };
+            }
+        }
+    }
+
+    /// The time since `before` the thread was neither on a CPU nor waiting for one: asleep.
+    fn asleep_since(&self, before: &Self) -> u64 {
+        let took = self.wall - before.wall;
+        let ran = self.cpu - before.cpu;
+        let queued_ns = self.run_delay_ns - before.run_delay_ns;
+        (took.as_nanos() as u64).saturating_sub(ran.as_nanos() as u64 + queued_ns)
+    }
 }
 
 fn pinned_spin(ms: u64, threads: usize, cpu: usize) {
