@@ -162,6 +162,15 @@ const BINARY_LIMIT_SECONDS: u64 = 600;
 /// What the guest writes into a binary's log when it kills it at its limit.
 const HUNG_MARKER: &str = "=== still running after";
 
+/// Longest a VM may take to boot and write its first progress line (14–23 s under
+/// emulation; once, in a rehearsal, a TCG boot wrote nothing at all, not even to its
+/// console, and was killed only after [`SILENT_GUEST_LIMIT`]).
+const BOOT_LIMIT: Duration = Duration::from_secs(5 * 60);
+
+/// Boots of one VM before its binaries are reported as not run: a boot that never came up
+/// says nothing of the kernel, so it is tried again.
+const BOOT_ATTEMPTS: u32 = 2;
+
 /// Longest a VM may go without a progress line (a binary's end, or the per-event costs'
 /// several minutes) before it is taken for hung and killed.
 const SILENT_GUEST_LIMIT: Duration = Duration::from_secs(20 * 60);
@@ -687,47 +696,21 @@ pub fn run_in_vm(
         .arg(format!("bash {}", script_path.display()))
         .current_dir(root);
     let console = out.join("console.log");
-    let file = fs::File::create(&console)?;
-    // Its own process group, so that a kill at the limit reaches qemu and virtiofsd too: an
-    // orphaned emulator would slow every later VM.
-    let mut child = boot
-        .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .process_group(0)
-        .spawn()
-        .context("could not start vng (virtme-ng)")?;
-    let deadline = Instant::now() + VM_LIMIT;
-    let mut shown = 0;
-    let mut last_progress = Instant::now();
-    loop {
-        // Progress as the guest writes it.
-        let progress = fs::read_to_string(out.join("progress")).unwrap_or_default();
-        for line in progress.lines().skip(shown) {
-            println!("    {} {line}", kernel.spec.name);
-            shown += 1;
-            last_progress = Instant::now();
-        }
-        if child.try_wait()?.is_some() {
-            break;
-        }
-        if Instant::now() > deadline {
-            kill_group(&mut child);
-            println!("    {} killed after {VM_LIMIT:?}", kernel.spec.name);
-            break;
-        }
-        // The guest kills a binary at its limit and says so: silence well beyond that is a
-        // guest that no longer runs its script.
-        if last_progress.elapsed() > SILENT_GUEST_LIMIT {
-            kill_group(&mut child);
+    for boot_attempt in 1..=BOOT_ATTEMPTS {
+        if watch_vm(&mut boot, kernel, &out, &console)? == VmEnd::NeverBooted {
             println!(
-                "    {} killed: no progress for {SILENT_GUEST_LIMIT:?} (the guest hung; see {})",
+                "    {} did not boot within {BOOT_LIMIT:?} (see {}){}",
                 kernel.spec.name,
-                console.display()
+                console.display(),
+                if boot_attempt < BOOT_ATTEMPTS {
+                    ": booting it again"
+                } else {
+                    ""
+                }
             );
-            break;
+            continue;
         }
-        std::thread::sleep(Duration::from_millis(500));
+        break;
     }
     let _ = fs::remove_file(&disk);
 
@@ -789,6 +772,67 @@ pub fn run_in_vm(
     }
     row.seconds = started.elapsed().as_secs_f64();
     Ok(row)
+}
+
+/// How a boot of a matrix VM ended.
+#[derive(PartialEq)]
+enum VmEnd {
+    /// The guest wrote no progress line in [`BOOT_LIMIT`]: killed before its script ran.
+    NeverBooted,
+    /// Its script ran: to its end, or until it was killed for a hang or the VM's limit.
+    Ran,
+}
+
+/// Starts `boot` (vng) with its output in `console`, shows the guest's progress lines as it
+/// writes them, and waits for it to end; kills it when it does not boot, hangs or outlives
+/// [`VM_LIMIT`].
+fn watch_vm(boot: &mut Command, kernel: &Kernel, out: &Path, console: &Path) -> Result<VmEnd> {
+    let file = fs::File::create(console)?;
+    // Its own process group, so that a kill at the limit reaches qemu and virtiofsd too: an
+    // orphaned emulator would slow every later VM.
+    let mut child = boot
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .process_group(0)
+        .spawn()
+        .context("could not start vng (virtme-ng)")?;
+    let started = Instant::now();
+    let mut shown = 0;
+    let mut last_progress = Instant::now();
+    loop {
+        // Progress as the guest writes it.
+        let progress = fs::read_to_string(out.join("progress")).unwrap_or_default();
+        for line in progress.lines().skip(shown) {
+            println!("    {} {line}", kernel.spec.name);
+            shown += 1;
+            last_progress = Instant::now();
+        }
+        if child.try_wait()?.is_some() {
+            return Ok(VmEnd::Ran);
+        }
+        if shown == 0 && started.elapsed() > BOOT_LIMIT {
+            kill_group(&mut child);
+            return Ok(VmEnd::NeverBooted);
+        }
+        if started.elapsed() > VM_LIMIT {
+            kill_group(&mut child);
+            println!("    {} killed after {VM_LIMIT:?}", kernel.spec.name);
+            return Ok(VmEnd::Ran);
+        }
+        // The guest kills a binary at its limit and says so: silence well beyond that is a
+        // guest that no longer runs its script.
+        if last_progress.elapsed() > SILENT_GUEST_LIMIT {
+            kill_group(&mut child);
+            println!(
+                "    {} killed: no progress for {SILENT_GUEST_LIMIT:?} (the guest hung; see {})",
+                kernel.spec.name,
+                console.display()
+            );
+            return Ok(VmEnd::Ran);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// Kills `child`'s process group (it was started as its leader) and reaps the child.
