@@ -550,12 +550,23 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
         return;
     };
     let since = record_switch(last, next);
-
+    switch_out::<DELAYS, WAITS>(ctx, prev, &since);
+    // Last, so its early exits end the program: ahead of the switch-out, its exit for a task
+    // without state made the verifier walk the whole switch-out once more (83,086
+    // instructions checked, not 66,380: about 70 ms of the agent's start).
     if DELAYS && task::tid(next) != 0 {
         switch_in(next);
     }
+}
 
-    // The outgoing task. The idle task (tid 0) is node idle, not a worker.
+/// The outgoing task's part of [`on_switch`]; `since` is this CPU's switch before this one.
+#[inline(always)]
+fn switch_out<const DELAYS: bool, const WAITS: bool>(
+    ctx: &BtfTracePointContext,
+    prev: Task,
+    since: &LastSwitch,
+) {
+    // The idle task (tid 0) is node idle, not a worker.
     if task::tid(prev) == 0 {
         return;
     }
@@ -563,14 +574,18 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     if crate::process::on() && prev_state & crate::process::TASK_DEAD != 0 {
         crate::process::thread_end(prev, task::existing_state(prev).as_deref());
     }
-    // No state and none could be made: a stand-in charges this slice as at a first sight.
-    let Some(state) = task::state(prev).or_else(task::stand_in_state) else {
-        count_drop(DROP_TASK_STATE);
-        return;
-    };
     let preempt: u64 = ctx.arg(0);
     // As the kernel counts nvcsw: a switch is voluntary when the thread left the run queue.
     let voluntary = (preempt & 1) == 0 && (prev_state & 0xffff_ffff) != 0;
+    let Some(state) = task::state(prev) else {
+        stand_in_switch_out::<DELAYS>(
+            prev,
+            since.next_task,
+            since.next_accounted_runtime_ns,
+            voluntary,
+        );
+        return;
+    };
     if state.flags & task::SEEN == 0
         && !first_sight(
             state,
@@ -579,19 +594,13 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
             since.next_accounted_runtime_ns,
         )
     {
-        if DELAYS && state.flags & task::STAND_IN == 0 {
+        if DELAYS {
             // Its switch-in was not seen: its account starts now.
             go_off_cpu::<WAITS>(state, prev, voluntary, prev_state, 0);
         }
         return;
     }
-    // The scheduler charged prev's runtime just before this tracepoint.
-    let runtime_ns = task::sum_exec_runtime_ns(prev);
-    let slice_ns = runtime_ns.saturating_sub(state.accounted_runtime_ns);
-    state.accounted_runtime_ns = runtime_ns;
-    if crate::process::on() {
-        crate::process::add_cpu(task::tgid(prev), slice_ns);
-    }
+    let (runtime_ns, slice_ns) = take_slice(state, prev);
     if DELAYS {
         if state.state != RUNNING {
             // Back on a CPU without a switch-in we saw.
@@ -599,6 +608,54 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
         }
         go_off_cpu::<WAITS>(state, prev, voluntary, prev_state, slice_ns);
     }
+    charge_slice::<DELAYS>(state, prev, runtime_ns, slice_ns, voluntary);
+}
+
+/// Rare path: a switch-out whose task has no state and none could be made. A stand-in
+/// charges the slice as at a first sight, and is then dropped: no sleep starts in it. Kept
+/// out of the switch-out's own path, which the verifier walked once for each kind of state
+/// pointer (task storage, per-CPU array) when the stand-in joined it: 129,615 instructions
+/// checked, not 83,086, and 545 ms of the agent's start where the rest takes 100.
+#[cold]
+#[inline(never)]
+fn stand_in_switch_out<const DELAYS: bool>(
+    prev: Task,
+    last_next_task: u64,
+    last_next_runtime_ns: u64,
+    voluntary: bool,
+) {
+    let Some(state) = task::stand_in_state() else {
+        count_drop(DROP_TASK_STATE);
+        return;
+    };
+    if first_sight(state, prev, last_next_task, last_next_runtime_ns) {
+        let (runtime_ns, slice_ns) = take_slice(state, prev);
+        charge_slice::<DELAYS>(state, prev, runtime_ns, slice_ns, voluntary);
+    }
+}
+
+/// The slice ending now: the runtime the scheduler charged `prev` (just before this
+/// tracepoint) since its account last stood, which now stands at the runtime returned first.
+#[inline(always)]
+fn take_slice(state: &mut TaskState, prev: Task) -> (u64, u64) {
+    let runtime_ns = task::sum_exec_runtime_ns(prev);
+    let slice_ns = runtime_ns.saturating_sub(state.accounted_runtime_ns);
+    state.accounted_runtime_ns = runtime_ns;
+    if crate::process::on() {
+        crate::process::add_cpu(task::tgid(prev), slice_ns);
+    }
+    (runtime_ns, slice_ns)
+}
+
+/// Adds the slice to the counters of the cgroup `prev` ran in, split at a move.
+#[inline(always)]
+fn charge_slice<const DELAYS: bool>(
+    state: &mut TaskState,
+    prev: Task,
+    runtime_ns: u64,
+    slice_ns: u64,
+    voluntary: bool,
+) {
     let cgroup_id = task::cgroup_id(prev);
     let mut slice_ns = slice_ns;
     if state.cgroup_id != cgroup_id {
