@@ -728,7 +728,7 @@ fn targets(r: &Results) -> Vec<Target> {
         goal: "≤ 300 ms".to_owned(),
         measured: attach.map_or("n/a".to_owned(), |a| format!("{:.1} ms", a.median)),
         met: attach.map(|a| a.median <= 300.0),
-        why: "of about 350 ms on this host, 265 ms is the verifier's check of the \
+        why: "of 350–390 ms on this host, 265 ms is the verifier's check of the \
               sched_switch program with wait reasons (66,380 instructions; more than half of \
               it the kernel's own linear search of BTF names for trusted pointers, at each load \
               of a pointer from a task), the longest of the planned programs, which load on \
