@@ -631,6 +631,9 @@ fn stand_in_switch_out<const DELAYS: bool>(
     if first_sight(state, prev, last_next_task, last_next_runtime_ns) {
         let (runtime_ns, slice_ns) = take_slice(state, prev);
         charge_slice::<DELAYS>(state, prev, runtime_ns, slice_ns, voluntary);
+    } else if last_next_task != 0 {
+        // Neither state nor a switch-in to count from: this slice is lost.
+        count_drop(DROP_TASK_STATE);
     }
 }
 
@@ -692,10 +695,6 @@ fn first_sight(
     } else if last_next_task != 0 && task::is_fair(prev) {
         task::prev_sum_exec_runtime_ns(prev)
     } else {
-        if last_next_task != 0 && state.flags & task::STAND_IN != 0 {
-            // Neither state nor a switch-in to count from: this slice is lost.
-            count_drop(DROP_TASK_STATE);
-        }
         return false;
     };
     state.accounted_runtime_ns = switched_in_runtime_ns;

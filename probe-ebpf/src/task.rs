@@ -439,9 +439,6 @@ pub struct TaskState {
 
 /// [`TaskState::flags`]: the baselines are set.
 pub const SEEN: u32 = 1;
-/// [`TaskState::flags`]: a stand-in for one switch-out (see [`stand_in_state`]), not the
-/// task's own state.
-pub const STAND_IN: u32 = 2;
 /// [`TaskState::state`]: on a CPU or runnable.
 pub const RUNNING: u32 = 0;
 /// In uninterruptible sleep (D).
@@ -474,7 +471,7 @@ static STAND_IN_STATES: PerCpuArray<TaskState> = PerCpuArray::with_max_entries(1
 // SAFETY: every field of `TaskState` is an integer or an array of them.
 const ZERO_STATE: TaskState = unsafe { core::mem::zeroed() };
 
-/// Rare path: a fresh state, this CPU's and marked [`STAND_IN`], for a switch-out whose task
+/// Rare path: a fresh state, this CPU's, for a switch-out whose task
 /// has no state and none could be made; `None` on a kernel where the task may have state the
 /// lookup did not find (see `probe_common::task::STAND_IN_STATE_GLOBAL`). Its account starts
 /// like a first sight's, from the switch-in this CPU recorded, so the slice is charged once;
@@ -488,7 +485,6 @@ pub fn stand_in_state() -> Option<&'static mut TaskState> {
     // SAFETY: this CPU's value; no other program writes it while this one runs.
     unsafe {
         *state = ZERO_STATE;
-        (*state).flags = STAND_IN;
         Some(&mut *state)
     }
 }
