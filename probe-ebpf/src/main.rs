@@ -16,6 +16,7 @@ mod process;
 mod rstat;
 mod sched;
 mod task;
+mod zero;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -59,13 +59,21 @@ pub(crate) fn add_cpu(pid: u32, slice_ns: u64) {
 static PROCESS_NET: PerCpuHashMap<u32, ProcessBytes> =
     PerCpuHashMap::with_max_entries(PROCESS_CPU_ENTRIES, BPF_F_NO_PREALLOC);
 
+/// A new process's first entry: from read-only data, not zeroed on the stack (see `zero`).
+static ZERO_BYTES: ProcessBytes = ProcessBytes {
+    sent_bytes: 0,
+    received_bytes: 0,
+};
+
 /// Adds a socket call's bytes to `pid`'s on this CPU (called by the socket programs).
 #[inline(always)]
 pub(crate) fn add_bytes(pid: u32, bytes: u64, sent: bool) {
     let counted = match PROCESS_NET.get_ptr_mut(pid) {
         Some(counted) => counted,
         None => {
-            let _ = PROCESS_NET.insert(pid, ProcessBytes::default(), 0);
+            // By reference: no copy on the stack.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            let _ = PROCESS_NET.insert(pid, &ZERO_BYTES, 0);
             let Some(counted) = PROCESS_NET.get_ptr_mut(pid) else {
                 return;
             };
@@ -330,9 +338,9 @@ pub(crate) fn thread_end(thread: task::Task, state: Option<&task::TaskState>) {
                 (*end).wait_ns = state.own_wait_ns;
             }
             None => {
-                (*end).sent_bytes = 0;
-                (*end).received_bytes = 0;
-                (*end).wait_ns = [0; probe_common::wait::WAIT_REASONS];
+                crate::zero::clear(&mut (*end).sent_bytes);
+                crate::zero::clear(&mut (*end).received_bytes);
+                crate::zero::zero(&mut (*end).wait_ns);
             }
         }
         (*end).comm = field(thread, TASK_COMM_OFFSET.load());

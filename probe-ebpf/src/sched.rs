@@ -20,7 +20,10 @@ use probe_common::{
     },
 };
 
-use crate::task::{self, BLOCKED_IO, RUNNING, SLEEPING, Task, TaskState};
+use crate::{
+    task::{self, BLOCKED_IO, RUNNING, SLEEPING, Task, TaskState},
+    zero::clear,
+};
 
 /// `prev_state` bits (include/linux/sched.h).
 const TASK_UNINTERRUPTIBLE: u64 = 0x2;
@@ -466,7 +469,7 @@ fn slot_counters(cgroup_id: u64, take: bool) -> Option<(u32, *mut SlotCounters)>
         if (*counters).cgroup_id != cgroup_id {
             // The slot's first use on this CPU by this cgroup: from zero, whatever a late
             // write of its last owner left after user space zeroed it.
-            *counters = ZERO_SLOT;
+            crate::zero::zero(counters);
             (*counters).cgroup_id = cgroup_id;
         }
     }
@@ -552,8 +555,7 @@ fn on_switch<const DELAYS: bool, const WAITS: bool>(ctx: &BtfTracePointContext) 
     let since = record_switch(last, next);
     switch_out::<DELAYS, WAITS>(ctx, prev, &since);
     // Last, so its early exits end the program: ahead of the switch-out, its exit for a task
-    // without state made the verifier walk the whole switch-out once more (83,086
-    // instructions checked, not 66,380: about 70 ms of the agent's start).
+    // without state made the verifier walk the whole switch-out once more.
     if DELAYS && task::tid(next) != 0 {
         switch_in(next);
     }
@@ -614,8 +616,7 @@ fn switch_out<const DELAYS: bool, const WAITS: bool>(
 /// Rare path: a switch-out whose task has no state and none could be made. A stand-in
 /// charges the slice as at a first sight, and is then dropped: no sleep starts in it. Kept
 /// out of the switch-out's own path, which the verifier walked once for each kind of state
-/// pointer (task storage, per-CPU array) when the stand-in joined it: 129,615 instructions
-/// checked, not 83,086, and 545 ms of the agent's start where the rest takes 100.
+/// pointer (task storage, per-CPU array) when the stand-in joined it.
 #[cold]
 #[inline(never)]
 fn stand_in_switch_out<const DELAYS: bool>(
@@ -701,10 +702,10 @@ fn first_sight(
     if switched_in_runtime_ns == 0 {
         // A new thread: its sampled times and waits were zero at switch-in too, but for its
         // first run-queue wait (folded in at that switch-in), its own.
-        state.accounted_utime_ns = 0;
-        state.accounted_stime_ns = 0;
-        state.accounted_run_delay_ns = 0;
-        state.accounted_arrivals = 0;
+        clear(&mut state.accounted_utime_ns);
+        clear(&mut state.accounted_stime_ns);
+        clear(&mut state.accounted_run_delay_ns);
+        clear(&mut state.accounted_arrivals);
     }
     true
 }
@@ -837,17 +838,10 @@ fn flush_pending(stats: &mut CpuStats, state: &mut TaskState) {
     let reason = state.pending_reason as usize & (WAIT_REASONS - 1);
     stats.wait_ns[reason] += state.pending_blocked_io_ns + state.pending_sleep_ns;
     stats.waits[reason] += state.pending_wakeups;
-    state.pending_blocked_io_ns = 0;
-    state.pending_sleep_ns = 0;
-    state.pending_wakeups = 0;
+    clear(&mut state.pending_blocked_io_ns);
+    clear(&mut state.pending_sleep_ns);
+    clear(&mut state.pending_wakeups);
 }
-
-/// An all-zero slot, copied over a slot a cgroup takes over on a CPU.
-static ZERO_SLOT: SlotCounters = SlotCounters {
-    cgroup_id: 0,
-    stats: ZERO_STATS,
-    net: crate::net::ZERO_NET,
-};
 
 /// All-zero counters, inserted for a new cgroup.
 static ZERO_STATS: CpuStats = CpuStats {

@@ -467,10 +467,6 @@ pub fn state(task: Task) -> Option<&'static mut TaskState> {
 #[map]
 static STAND_IN_STATES: PerCpuArray<TaskState> = PerCpuArray::with_max_entries(1, 0);
 
-/// All zeros: fresh state.
-// SAFETY: every field of `TaskState` is an integer or an array of them.
-const ZERO_STATE: TaskState = unsafe { core::mem::zeroed() };
-
 /// Rare path: a fresh state, this CPU's, for a switch-out whose task
 /// has no state and none could be made; `None` on a kernel where the task may have state the
 /// lookup did not find (see `probe_common::task::STAND_IN_STATE_GLOBAL`). Its account starts
@@ -484,7 +480,7 @@ pub fn stand_in_state() -> Option<&'static mut TaskState> {
     let state = STAND_IN_STATES.get_ptr_mut(0)?;
     // SAFETY: this CPU's value; no other program writes it while this one runs.
     unsafe {
-        *state = ZERO_STATE;
+        crate::zero::zero(state);
         Some(&mut *state)
     }
 }
