@@ -607,14 +607,9 @@ fn first_use<const PROCESS: bool>(key: &mut EndpointKey) -> Option<*mut Endpoint
     if unsafe { core::ptr::read_volatile(count) } >= u64::from(ENDPOINTS_PER_WORKER.load()) {
         // Every call beyond the bound is counted, and charged to the worker's `other` peer.
         count_drop(DROP_ENDPOINT_OVERFLOW);
-        // As two words: a 16-byte store, even volatile, is a `memset` call (see `zero`).
         const { assert!(core::mem::offset_of!(EndpointKey, addr).is_multiple_of(8)) };
-        let words = key.addr.as_mut_ptr().cast::<u64>();
-        // SAFETY: `addr`'s 16 bytes, 8-byte aligned in an 8-byte aligned key.
-        unsafe {
-            core::ptr::write_volatile(words, 0);
-            core::ptr::write_volatile(words.add(1), 0);
-        }
+        // SAFETY: a valid `&mut`, 8-byte aligned in an 8-byte aligned key (asserted above).
+        unsafe { crate::zero::zero(&mut key.addr) };
         key.port = 0;
         key.family = ENDPOINT_OTHER;
         if let Some(stats) = endpoints::<PROCESS>().get_ptr_mut(*key) {

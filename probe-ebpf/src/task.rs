@@ -467,11 +467,11 @@ pub fn state(task: Task) -> Option<&'static mut TaskState> {
 #[map]
 static STAND_IN_STATES: PerCpuArray<TaskState> = PerCpuArray::with_max_entries(1, 0);
 
-/// Rare path: a fresh state, this CPU's, for a switch-out whose task
-/// has no state and none could be made; `None` on a kernel where the task may have state the
-/// lookup did not find (see `probe_common::task::STAND_IN_STATE_GLOBAL`). Its account starts
-/// like a first sight's, from the switch-in this CPU recorded, so the slice is charged once;
-/// the task's next switch-out with state of its own is a first sight again.
+/// Rare path: a fresh state, this CPU's, for a switch-out whose task has no state and none
+/// could be made; `None` on a kernel where the task may have state the lookup did not find
+/// (see `probe_common::task::STAND_IN_STATE_GLOBAL`). Its account starts like a first
+/// sight's, from the switch-in this CPU recorded, so the slice is charged once; the task's
+/// next switch-out with state of its own is a first sight again.
 #[inline(never)]
 pub fn stand_in_state() -> Option<&'static mut TaskState> {
     if STAND_IN_STATE.load() == 0 {

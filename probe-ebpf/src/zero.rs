@@ -9,16 +9,17 @@
 /// Writes zeros over `*value`, one 8-byte store per word.
 ///
 /// # Safety
-/// `value` must be valid for writes and hold only integers.
+/// `value` must be valid for writes, 8-byte aligned (as any `T` of 8-byte alignment is, or a
+/// field at an 8-byte offset in one) and hold only integers.
 #[inline(always)]
 pub unsafe fn zero<T>(value: *mut T) {
     const {
-        assert!(size_of::<T>().is_multiple_of(8) && align_of::<T>() >= 8);
+        assert!(size_of::<T>().is_multiple_of(8));
     }
     let words = value.cast::<u64>();
     let mut word = 0;
     while word < size_of::<T>() / 8 {
-        // SAFETY: within `*value`, which the caller lets us write, at 8-byte alignment.
+        // SAFETY: within `*value`, which the caller lets us write, 8-byte aligned.
         unsafe { core::ptr::write_volatile(words.add(word), 0) };
         word += 1;
     }
