@@ -418,6 +418,22 @@ pub fn read_thread_runtime_ns(tid: u32) -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
+/// The CPU a thread is running on, from `/proc/<tid>/stat`: `None` when it is not running
+/// (not in state R) or is gone. A runnable thread waiting for its CPU reads as running there.
+pub fn read_thread_running_cpu(tid: u32) -> Option<usize> {
+    parse_stat_running_cpu(&fs::read_to_string(format!("/proc/{tid}/stat")).ok()?)
+}
+
+/// The `processor` field (the 39th) of a `/proc/<tid>/stat` text whose state (the 3rd) is R.
+pub fn parse_stat_running_cpu(text: &str) -> Option<usize> {
+    // The command name (2nd field, in parentheses) may hold spaces and parentheses itself.
+    let mut fields = text.get(text.rfind(')')? + 1..)?.split_whitespace();
+    if fields.next()? != "R" {
+        return None;
+    }
+    fields.nth(39 - 4)?.parse().ok()
+}
+
 /// A thread's cgroup2 path (relative to the mount) from `/proc/<tid>/cgroup`, translated from
 /// this process's cgroup namespace to the mount's root (they differ in a pod).
 pub fn read_thread_cgroup2_path(tid: u32) -> Option<String> {
@@ -646,5 +662,20 @@ mod tests {
             })
         );
         assert_eq!(parse_cpu_stat("usage_usec x\n"), None);
+    }
+
+    #[test]
+    fn reads_the_cpu_of_a_running_thread_from_its_stat() {
+        // From a real /proc/self/stat, its command renamed to one with spaces and parentheses.
+        let tail = "23640 23640 6587 0 -1 4194304 100 0 0 0 0 0 0 0 20 0 1 0 1393557 3133440 388 \
+                    18446744073709551615 94738114576384 94738114596265 140721202179712 0 0 0 0 0 0 \
+                    0 0 0 17 1 0 0 0 0 0 94738114612272 94738114613888 94738934366208 \
+                    140721202182873 140721202182893 140721202182893 140721202184171 0";
+        let running = format!("23643 (a (b) c) R {tail}");
+        assert_eq!(parse_stat_running_cpu(&running), Some(1));
+        let asleep = format!("23643 (a (b) c) S {tail}");
+        assert_eq!(parse_stat_running_cpu(&asleep), None);
+        assert_eq!(parse_stat_running_cpu("23643 (cat) R 1 2"), None);
+        assert_eq!(parse_stat_running_cpu(""), None);
     }
 }

@@ -19,6 +19,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod clock;
 pub mod collect;
+pub mod cpu_switch;
 pub mod error;
 pub mod loader;
 pub mod model;

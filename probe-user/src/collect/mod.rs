@@ -854,8 +854,10 @@ impl KernelCollector {
     /// before and after reading the map ran one slice throughout: the map lacks it, and its
     /// thread's runtime since its switch-in is exactly what the program will add at its end.
     /// If a CPU switched while we read, and the slice it was running had been long, read again
-    /// (a few times at most); what is still unsettled then is left to the next sample. The
-    /// counters go to `self.gathered`, sorted by cgroup id; the running slices are returned.
+    /// (a few times at most); what is still unsettled then is left to the next sample. A CPU
+    /// whose record names a thread not running there switched unreported: it is made to
+    /// switch, and read again. The counters go to `self.gathered`, sorted by cgroup id; the
+    /// running slices are returned.
     fn read_cpu_consistently(&mut self) -> anyhow::Result<Vec<RunningSlice>> {
         const ATTEMPTS: usize = 3;
         /// A running slice this long, on a CPU that switched while the maps were read, is
@@ -894,11 +896,20 @@ impl KernelCollector {
                 }
             }
             let mut running = Vec::new();
+            let mut stale = Vec::new();
             for (cpu, record) in before.iter().enumerate() {
                 if record.switch_count == 0 || record.next_tid == 0 {
                     continue; // no switch seen yet, or idle
                 }
                 let tid = record.next_tid;
+                if cgroup::read_thread_running_cpu(tid) != Some(cpu) {
+                    // The CPU switched since without a report: the kernel hid the switch from
+                    // tracing (this host's 6.18 hides some of its init's threads' switches).
+                    // The record's slice is not what runs there, and what does is unknown
+                    // until the CPU switches again.
+                    stale.push(cpu);
+                    continue;
+                }
                 let (Some(runtime_ns), Some(path)) = (
                     cgroup::read_thread_runtime_ns(tid),
                     cgroup::read_thread_cgroup2_path(tid),
@@ -927,11 +938,16 @@ impl KernelCollector {
             let long_slice_unsure = running
                 .iter()
                 .any(|slice| !settled(slice.cpu) && slice.slice_ns >= LONG_SLICE_NS);
-            if !long_slice_unsure || attempt == ATTEMPTS {
+            // A CPU that switched meanwhile has a new record anyway.
+            stale.retain(|&cpu| settled(cpu));
+            if (!long_slice_unsure && stale.is_empty()) || attempt == ATTEMPTS {
                 running.retain(|slice| settled(slice.cpu));
                 sort_per_worker(&mut self.gathered);
                 return Ok(running);
             }
+            // Its next switch is reported, and charges what ran there unseen: made now, so
+            // a thread alone on its CPU is not left out until it leaves (seconds, if busy).
+            crate::cpu_switch::switch_cpus(stale);
         }
     }
 

@@ -298,7 +298,9 @@ fn attach_unpinned(options: &LoadOptions) -> anyhow::Result<Probe> {
         LinkId::Iter(iter) => Some(iter),
         _ => None,
     });
-    switch_on_every_cpu();
+    // Each CPU gets a switch record before the first sample: a thread running since before
+    // the attach would otherwise go uncounted until it left its CPU (seconds, if busy).
+    crate::cpu_switch::switch_every_online_cpu();
     Ok(Probe {
         ebpf: Some(loaded.ebpf),
         maps: HashMap::new(),
@@ -975,35 +977,6 @@ fn unload(ebpf: &mut Ebpf, planned: &PlannedProgram) {
         Attach::FExit(_) => <&mut FExit>::try_from(program).map(|p| p.unload()),
         Attach::Iter(_) => <&mut Iter>::try_from(program).map(|p| p.unload()),
     };
-}
-
-/// Makes every CPU switch once, so each has a switch record before the first sample.
-///
-/// The program learns where a CPU's running slice began only at a switch; a thread that was
-/// running when the programs were attached would otherwise go uncounted until it left its CPU,
-/// which for a busy thread can be seconds. A short thread pinned to each CPU forces a switch.
-fn switch_on_every_cpu() {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let online = aya::util::online_cpus().unwrap_or_else(|_| (0..cpus as u32).collect());
-    let threads: Vec<_> = online
-        .into_iter()
-        .map(|cpu| {
-            std::thread::spawn(move || {
-                // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays within its bounds for
-                // any CPU number the kernel reports online.
-                unsafe {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu as usize, &mut set);
-                    // Moving to the CPU switches it to this thread; yielding switches back.
-                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-                    libc::sched_yield();
-                }
-            })
-        })
-        .collect();
-    for thread in threads {
-        let _ = thread.join();
-    }
 }
 
 /// A permission error from the kernel becomes the privileges sentence.

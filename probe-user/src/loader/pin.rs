@@ -457,7 +457,7 @@ fn create(options: &LoadOptions, dir: &Path, lock: File) -> anyhow::Result<Probe
             .pin(dir.join(link_name(planned.program)))
             .with_context(|| format!("pinning the link of program {}", planned.program))?;
     }
-    super::switch_on_every_cpu();
+    crate::cpu_switch::switch_every_online_cpu();
     Ok(Probe {
         cpu_iter: None,
         memory_iter: None,
