@@ -13,25 +13,31 @@ pub fn switch_every_online_cpu() {
 }
 
 /// Makes each of `cpus` switch once: a short thread pinned to each forces it, and the
-/// thread running there before comes back after it.
+/// thread running there before comes back after it. A thread that cannot be made (a limit
+/// on threads) leaves its CPU as it was: the next read tries again.
 pub fn switch_cpus(cpus: impl IntoIterator<Item = usize>) {
     let threads: Vec<_> = cpus
         .into_iter()
-        .map(|cpu| {
-            std::thread::spawn(move || {
-                // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays within its bounds for
-                // any CPU number the kernel reports.
-                unsafe {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu, &mut set);
-                    // Moving to the CPU switches it to this thread; yielding switches back.
-                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-                    libc::sched_yield();
-                }
-            })
+        .filter_map(|cpu| {
+            std::thread::Builder::new()
+                .name("wp-switch".into())
+                .spawn(move || visit(cpu))
+                .ok()
         })
         .collect();
     for thread in threads {
         let _ = thread.join();
+    }
+}
+
+/// Moves the calling thread to `cpu` (which switches that CPU to it), then yields it back.
+fn visit(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays within its bounds for any CPU number
+    // the kernel reports.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        libc::sched_yield();
     }
 }
