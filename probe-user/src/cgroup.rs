@@ -379,10 +379,8 @@ pub fn running_processes() -> Vec<(u32, u32, Option<String>)> {
         .filter_map(Result::ok)
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| {
-            let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-            let stat = String::from_utf8_lossy(&stat);
-            // The name may hold spaces and parentheses: the fields follow its last `)`.
-            let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+            let stat = read_stat(pid)?;
+            let mut fields = stat_fields_after_name(&stat)?;
             // A zombie (or one being reaped) has ended already: no thread of it will.
             if matches!(fields.next()?, "Z" | "X" | "x") {
                 return None;
@@ -418,16 +416,28 @@ pub fn read_thread_runtime_ns(tid: u32) -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
+/// `/proc/<id>/stat` of a process or thread (`None` when gone). Its command name may not be
+/// UTF-8: it is kept lossily, and the fields after it are plain numbers and letters.
+fn read_stat(id: u32) -> Option<String> {
+    let bytes = fs::read(format!("/proc/{id}/stat")).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The fields of a `/proc/<id>/stat` text from the state (the 3rd) on: the command name
+/// before them may hold spaces and parentheses, so they follow its last `)`.
+fn stat_fields_after_name(text: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    Some(text.get(text.rfind(')')? + 1..)?.split_whitespace())
+}
+
 /// The CPU a thread is running on, from `/proc/<tid>/stat`: `None` when it is not running
 /// (not in state R) or is gone. A runnable thread waiting for its CPU reads as running there.
 pub fn read_thread_running_cpu(tid: u32) -> Option<usize> {
-    parse_stat_running_cpu(&fs::read_to_string(format!("/proc/{tid}/stat")).ok()?)
+    parse_stat_running_cpu(&read_stat(tid)?)
 }
 
 /// The `processor` field (the 39th) of a `/proc/<tid>/stat` text whose state (the 3rd) is R.
 pub fn parse_stat_running_cpu(text: &str) -> Option<usize> {
-    // The command name (2nd field, in parentheses) may hold spaces and parentheses itself.
-    let mut fields = text.get(text.rfind(')')? + 1..)?.split_whitespace();
+    let mut fields = stat_fields_after_name(text)?;
     if fields.next()? != "R" {
         return None;
     }
@@ -677,5 +687,24 @@ mod tests {
         assert_eq!(parse_stat_running_cpu(&asleep), None);
         assert_eq!(parse_stat_running_cpu("23643 (cat) R 1 2"), None);
         assert_eq!(parse_stat_running_cpu(""), None);
+    }
+
+    #[test]
+    fn a_running_thread_named_in_bytes_that_are_not_utf8_is_found_on_its_cpu() {
+        let found = std::thread::spawn(|| {
+            // SAFETY: plain system calls on this thread; the name is a C string.
+            unsafe {
+                let cpu = libc::sched_getcpu() as usize;
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                // Pinned, it stays on `cpu` while it reads its own stat.
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                libc::prctl(libc::PR_SET_NAME, c"wp\xff\xfe) R".as_ptr());
+                (read_thread_running_cpu(libc::gettid() as u32), cpu)
+            }
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(found.0, Some(found.1));
     }
 }
