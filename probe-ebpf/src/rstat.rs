@@ -57,7 +57,10 @@ static PERCPU_BASE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// apart), one for the process walk (one walk at a time), one for the exit tracepoint (run
 /// with preemption off): no program can come between another's store and load on a CPU.
 #[map]
-static ADDRESS_SLOT: PerCpuArray<u64> = PerCpuArray::with_max_entries(3, 0);
+static ADDRESS_SLOT: PerCpuArray<u64> = PerCpuArray::with_max_entries(ADDRESS_SLOTS, 0);
+
+/// How many slots [`ADDRESS_SLOT`] has.
+pub(crate) const ADDRESS_SLOTS: u32 = 3;
 
 /// [`ADDRESS_SLOT`]'s slot of the cgroup programs.
 const CGROUP_SLOT: u32 = 0;
@@ -268,22 +271,72 @@ fn for_each_cpu(cgroup: task::Cgroup, cgroup_id: u64, mut each: impl FnMut(Rstat
     });
 }
 
+/// A CPU's per-CPU offset once learnt.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CpuOffset {
+    /// What the kernel adds to a per-CPU pointer for this CPU's copy.
+    offset: u64,
+    /// 1 once `offset` is learnt.
+    known: u64,
+}
+
+/// Each possible CPU's per-CPU offset, learnt at the first walk: the kernel sets them at boot
+/// and never changes them, so the walks need not learn them again for every cgroup and process
+/// (two helper calls and a read per CPU each time).
+#[map]
+static CPU_OFFSETS: Array<CpuOffset> = Array::with_max_entries(MAX_CPUS, 0);
+
 /// Calls `each` with every possible CPU and its per-CPU offset (what the kernel adds to a
-/// per-CPU pointer for that CPU's copy), using `slot` of [`ADDRESS_SLOT`].
+/// per-CPU pointer for that CPU's copy), learning the offsets first if not yet known, using
+/// `slot` of [`ADDRESS_SLOT`].
 #[inline(always)]
 pub(crate) fn for_each_cpu_offset(slot: u32, mut each: impl FnMut(u32, u64)) {
-    let Some(per_cpu_pointer_0) = base_per_cpu_pointer(slot) else {
-        return;
-    };
+    let learnt = CPU_OFFSETS.get(0).is_some_and(|first| first.known != 0);
+    if !learnt {
+        learn_cpu_offsets(slot);
+    }
     let possible = POSSIBLE_CPUS.load();
     for cpu in 0..MAX_CPUS {
         if cpu >= possible {
             break;
         }
+        match CPU_OFFSETS.get(cpu) {
+            Some(known) if known.known != 0 => each(cpu, known.offset),
+            _ => {}
+        }
+    }
+}
+
+/// Rare path: learns every possible CPU's per-CPU offset from [`PERCPU_BASE`]'s copies. CPU 0
+/// last, as [`for_each_cpu_offset`] takes its entry to say all are known. Programs that learn
+/// at once on two CPUs write the same values.
+#[inline(always)]
+fn learn_cpu_offsets(slot: u32) {
+    let Some(per_cpu_pointer_0) = base_per_cpu_pointer(slot) else {
+        return;
+    };
+    let possible = POSSIBLE_CPUS.load();
+    for step in 0..MAX_CPUS {
+        if step >= possible {
+            break;
+        }
+        let cpu = possible - 1 - step;
         let Some(copy) = base_copy_address(cpu, slot) else {
             continue;
         };
-        each(cpu, copy.wrapping_sub(per_cpu_pointer_0));
+        if let Some(entry) = CPU_OFFSETS.get_ptr_mut(cpu) {
+            // SAFETY: a value of this map; every writer stores the same offset.
+            unsafe {
+                write_volatile(
+                    entry,
+                    CpuOffset {
+                        offset: copy.wrapping_sub(per_cpu_pointer_0),
+                        known: 1,
+                    },
+                )
+            };
+        }
     }
 }
 
