@@ -212,6 +212,24 @@ pub const PROCESS_OFFSET_GLOBALS: [&str; 14] = [
 /// name.
 pub const RSS_COUNTERS: [u32; 3] = [0, 1, 3];
 
+/// The highest of [`RSS_COUNTERS`]: the programs read the counters up to it.
+pub const RSS_HIGHEST: u32 = {
+    let mut highest = 0;
+    let mut i = 0;
+    while i < RSS_COUNTERS.len() {
+        if RSS_COUNTERS[i] > highest {
+            highest = RSS_COUNTERS[i];
+        }
+        i += 1;
+    }
+    highest
+};
+
+/// The most the programs copy of `mm_struct.rss_stat` in one read (counters 0 up to the
+/// highest of [`RSS_COUNTERS`]); a kernel whose counters take more has its process memory
+/// read from /proc instead.
+pub const RSS_BLOCK_BYTES: u32 = 1024;
+
 impl ProcessOffsets {
     /// The offsets in the order of [`PROCESS_OFFSET_GLOBALS`].
     pub fn values(&self) -> [u32; 14] {

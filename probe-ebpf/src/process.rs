@@ -12,17 +12,20 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_ktime_get_ns, generated::bpf_probe_read_user},
+    helpers::{
+        bpf_ktime_get_ns,
+        generated::{bpf_probe_read_kernel, bpf_probe_read_user},
+    },
     macros::{btf_tracepoint, map},
-    maps::{PerCpuHashMap, RingBuf},
+    maps::{PerCpuArray, PerCpuHashMap, RingBuf},
     programs::BtfTracePointContext,
 };
 use probe_common::{
     drops::DROP_PROCESS_EVENTS,
     process::{
         ARGS_BYTES, PROCESS_CPU_ENTRIES, PROCESS_EVENTS_BYTES, PROCESS_EXECED, PROCESS_EXITING,
-        PROCESS_FORKED, ProcessBytes, ProcessExec, ProcessExiting, ProcessFork, RSS_COUNTERS,
-        THREAD_ENDED, ThreadEnd,
+        PROCESS_FORKED, ProcessBytes, ProcessExec, ProcessExiting, ProcessFork, RSS_BLOCK_BYTES,
+        RSS_COUNTERS, RSS_HIGHEST, THREAD_ENDED, ThreadEnd,
     },
 };
 
@@ -249,11 +252,28 @@ pub fn proc_exit_rss(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
+/// Per CPU, one for each slot of `rstat::ADDRESS_SLOT`: a process's resident-page counters,
+/// copied in one read.
+#[map]
+static RSS_BLOCK: PerCpuArray<[u64; RSS_BLOCK_WORDS]> =
+    PerCpuArray::with_max_entries(crate::rstat::ADDRESS_SLOTS, 0);
+
+/// Words of [`RSS_BLOCK`]'s values, a power of two.
+const RSS_BLOCK_WORDS: usize = RSS_BLOCK_BYTES as usize / 8;
+const _: () = assert!(RSS_BLOCK_WORDS.is_power_of_two());
+
+/// One CPU's per-CPU parts of counters 0 to [`RSS_HIGHEST`], side by side.
+type RssParts = [i32; RSS_HIGHEST as usize + 1];
+
 /// The resident pages of the task's process, as /proc/PID/statm reads them: its mm's counters,
 /// each below 0 read as 0, with (`per_cpu_parts`) their per-CPU parts where the loader found
 /// them (since 6.16 /proc sums them too; before, the shared value alone is off by up to a
 /// batch per CPU). `None` without an mm (a kernel thread, or a leader that exited before its
 /// other threads). `slot`: the caller's slot of `rstat::ADDRESS_SLOT`.
+///
+/// The counters are copied in one read and, where their per-CPU parts lie side by side (one
+/// allocation for all of them, as later kernels make it), each CPU's parts in one read more:
+/// the process walk does this for every process on the node at every sample.
 #[inline(always)]
 pub(crate) fn rss_pages(task: task::Task, slot: u32, per_cpu_parts: bool) -> Option<u64> {
     // SAFETY: BTF-checked loads through the task pointer and its mm (a fault yields 0).
@@ -264,27 +284,68 @@ pub(crate) fn rss_pages(task: task::Task, slot: u32, per_cpu_parts: bool) -> Opt
     // Read through the address as a number: 6.1's verifier cannot follow a load into the
     // array of `atomic_long_t` (a typedef of a struct) that holds the counters there.
     let mm = crate::rstat::as_number(mm as u64, slot)?;
-    let (base, stride) = (MM_RSS_STAT_OFFSET.load(), RSS_COUNTER_STRIDE.load());
-    let count = RSS_COUNTER_COUNT_OFFSET.load();
-    let mut counters = [0i64; RSS_COUNTERS.len()];
-    for (value, index) in counters.iter_mut().zip(RSS_COUNTERS) {
-        *value = crate::rstat::read_u64(mm, base + index * stride + count) as i64;
+    let block = RSS_BLOCK.get_ptr_mut(slot)?;
+    let stride = RSS_COUNTER_STRIDE.load();
+    // The loader checked that it fits; the check here is for the verifier.
+    let bytes = (RSS_HIGHEST + 1) * stride;
+    if bytes == 0 || bytes > RSS_BLOCK_BYTES {
+        return None;
     }
+    // SAFETY: `bytes` fit in this CPU's value of the slot, which no other program on this CPU
+    // uses (see `rstat::ADDRESS_SLOT`); the helper faults safely.
+    let read = unsafe {
+        bpf_probe_read_kernel(
+            block as *mut c_void,
+            bytes,
+            mm.wrapping_add(u64::from(MM_RSS_STAT_OFFSET.load())) as *const c_void,
+        )
+    };
+    if read != 0 {
+        return Some(0);
+    }
+    // The word at `offset` bytes into the block (the loader checked the offsets are 8-byte
+    // aligned and within it).
+    let word = |offset: u32| -> u64 {
+        // SAFETY: this CPU's value, index masked into it.
+        unsafe { (*block)[(offset / 8) as usize & (RSS_BLOCK_WORDS - 1)] }
+    };
+    let count = RSS_COUNTER_COUNT_OFFSET.load();
+    let mut counters = RSS_COUNTERS.map(|index| word(index * stride + count) as i64);
     let per_cpu = RSS_COUNTER_PERCPU_OFFSET.load();
     if per_cpu_parts && per_cpu != 0 {
-        let mut pointers = [0u64; RSS_COUNTERS.len()];
-        for (pointer, index) in pointers.iter_mut().zip(RSS_COUNTERS) {
-            *pointer = crate::rstat::read_u64(mm, base + index * stride + per_cpu);
-        }
+        let pointers = RSS_COUNTERS.map(|index| word(index * stride + per_cpu));
+        // Where counter 0's part would be if they lie side by side, as `s32`s.
+        let first = pointers[0].wrapping_sub(4 * u64::from(RSS_COUNTERS[0]));
+        let side_by_side = pointers[0] != 0
+            && RSS_COUNTERS
+                .iter()
+                .zip(pointers)
+                .all(|(&index, pointer)| pointer == first.wrapping_add(4 * u64::from(index)));
         crate::rstat::for_each_cpu_offset(slot, |_, cpu_offset| {
-            for (value, pointer) in counters.iter_mut().zip(pointers) {
-                if pointer != 0 {
-                    *value += i64::from(read_s32(pointer.wrapping_add(cpu_offset)));
+            if side_by_side {
+                let parts = read_parts(first.wrapping_add(cpu_offset));
+                for (value, index) in counters.iter_mut().zip(RSS_COUNTERS) {
+                    *value += i64::from(parts.get(index as usize).copied().unwrap_or(0));
+                }
+            } else {
+                for (value, pointer) in counters.iter_mut().zip(pointers) {
+                    if pointer != 0 {
+                        *value += i64::from(read_s32(pointer.wrapping_add(cpu_offset)));
+                    }
                 }
             }
         });
     }
     Some(counters.iter().map(|value| (*value).max(0) as u64).sum())
+}
+
+/// The per-CPU parts of counters 0 to [`RSS_HIGHEST`] on one CPU, side by side at `address`;
+/// zeros if they cannot be read.
+#[inline(always)]
+fn read_parts(address: u64) -> RssParts {
+    // SAFETY: bpf_probe_read_kernel faults safely.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(address as *const RssParts) }
+        .unwrap_or([0; RSS_HIGHEST as usize + 1])
 }
 
 /// The `i32` at `address` in kernel memory, 0 if it cannot be read.

@@ -121,6 +121,11 @@ fn rss_counter_offsets(btf: &Btf) -> anyhow::Result<ProcessOffsets> {
     let (rss_stat_bits, rss_stat) =
         find_member(&mm, "rss_stat").ok_or_else(|| anyhow!("mm_struct has no rss_stat"))?;
     let (start_bits, counters, len, count, per_cpu) = match rss_stat.array() {
+        // The offsets below are `struct percpu_counter`'s: another counter type (a later
+        // kernel's) is a layout the agent cannot read.
+        Some((counters, _)) if counters.resolved().name() != "percpu_counter" => {
+            bail!("mm_struct.rss_stat holds counters of another kind")
+        }
         Some((counters, len)) => (
             rss_stat_bits,
             counters.resolved(),
@@ -143,12 +148,15 @@ fn rss_counter_offsets(btf: &Btf) -> anyhow::Result<ProcessOffsets> {
         bail!("mm_struct.rss_stat holds no counters");
     }
     let stride = counters.size();
-    let highest = probe_common::process::RSS_COUNTERS
-        .iter()
-        .max()
-        .copied()
-        .unwrap_or(0);
-    if len <= highest || stride < count + 8 {
+    let highest = probe_common::process::RSS_HIGHEST;
+    // The programs copy counters 0 to the highest in one read and take 8-byte words of it.
+    let aligned = [stride, count, per_cpu].iter().all(|n| n.is_multiple_of(8));
+    if len <= highest
+        || stride < count + 8
+        || stride < per_cpu + 8
+        || !aligned
+        || (highest + 1) * stride > probe_common::process::RSS_BLOCK_BYTES
+    {
         bail!("mm_struct.rss_stat has an unexpected shape");
     }
     Ok(ProcessOffsets {
