@@ -21,6 +21,25 @@ fn stats_of(
         .unwrap_or_else(|| panic!("worker {} not seen", cgroup.dir.display()))
 }
 
+/// Seconds the hypervisor has stolen from this machine's CPUs since boot, all CPUs together:
+/// the kernel's own count (`/proc/stat`, in clock ticks), 0 on bare metal or in emulation.
+fn host_stolen_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").expect("read /proc/stat");
+    let ticks: f64 = stat
+        .lines()
+        .find_map(|line| line.strip_prefix("cpu "))
+        .and_then(|fields| fields.split_whitespace().nth(7))
+        .and_then(|steal| steal.parse().ok())
+        .expect("the steal column of /proc/stat");
+    ticks * clock_tick_s()
+}
+
+/// The length of the clock tick `/proc/stat` counts in.
+fn clock_tick_s() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    1.0 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
 fn within(actual: f64, expected: f64, tolerance: f64) -> bool {
     (actual - expected).abs() <= expected * tolerance
 }
@@ -158,9 +177,11 @@ fn a_single_thread_life_adds_up_to_its_wall_time() {
     let mut collector = collector();
     let worker = TestCgroup::new("life");
     let before = collector.sample().expect("sample");
+    let stolen_before_s = host_stolen_s();
     let started = Instant::now();
     let child = worker.spawn_workload(&["life", "600"]);
     let output = child.wait_with_output().expect("wait");
+    let stolen_s = host_stolen_s() - stolen_before_s;
     // Outside: from before the fork to after the reap (the child joins its cgroup after the
     // fork, and the reap may wait for this thread to get a CPU). Inside: the workload's own
     // clock from main, after exec. Its thread's life in the cgroup lies between.
@@ -178,7 +199,7 @@ fn a_single_thread_life_adds_up_to_its_wall_time() {
     let accounted_s =
         (stats.cpu_ns() + d.runqueue_wait_ns + d.blocked_io_ns + d.sleep_ns) as f64 / 1e9;
     eprintln!(
-        "life {lived_s:.4}s inside, {life_s:.4}s outside: on-CPU {:.4} run-queue {:.4} blocked-io {:.4} sleep {:.4} = {accounted_s:.4}s, wakeups {}; drops {:?} → {:?}",
+        "life {lived_s:.4}s inside, {life_s:.4}s outside: on-CPU {:.4} run-queue {:.4} blocked-io {:.4} sleep {:.4} = {accounted_s:.4}s, wakeups {}; the host's CPUs had {stolen_s:.2}s stolen; drops {:?} → {:?}",
         stats.cpu_ns() as f64 / 1e9,
         d.runqueue_wait_ns as f64 / 1e9,
         d.blocked_io_ns as f64 / 1e9,
@@ -190,8 +211,18 @@ fn a_single_thread_life_adds_up_to_its_wall_time() {
     // Below by 2%: on 6.18 the kernel hides a few switches and wakeups from tracing (about
     // one sleep in a few hundred under load); the programs recover a hidden wakeup at the
     // thread's next switch-out, but not one hidden at its very last (1.2% short, once in ten).
+    // Below also by what a hypervisor stole from a slice that ended in a preemption: the
+    // scheduler's clock leaves it out of the slice, and no wait holds it (a sleep's start is
+    // timed from the slice's end on that clock, so it holds the steal of the slice before it).
+    // CI's host is a VM: a run once fell 28 ms short. The kernel counts the steal only per CPU,
+    // in clock ticks: the whole machine's over the life, and a tick for the rounding.
+    let steal_allowance_s = if stolen_s > 0.0 {
+        stolen_s + clock_tick_s()
+    } else {
+        0.0
+    };
     assert!(
-        accounted_s >= lived_s * 0.98 && accounted_s <= life_s * 1.01,
+        accounted_s >= lived_s * 0.98 - steal_allowance_s && accounted_s <= life_s * 1.01,
         "accounted {accounted_s}s, outside the workload's own {lived_s}s and the test's {life_s}s"
     );
 }
