@@ -21,6 +21,10 @@ pub const POSSIBLE_CPUS_GLOBAL: &str = "POSSIBLE_CPUS";
 /// Most CPUs the programs read per cgroup (a bound the verifier needs).
 pub const MAX_CPUS: u32 = 1024;
 
+/// The 8-byte words of `struct task_cputime` (utime, stime, sum_exec_runtime) that the cgroup
+/// iterator copies from each CPU in one read; the loader checks that the three fit.
+pub const CPUTIME_WORDS: usize = 3;
+
 /// Name of the hash map: [`RstatKey`] of a removed cgroup → its [`RstatCpu`] on that CPU at its
 /// removal. User space takes the entries when it finishes the worker.
 pub const FINAL_CPU_MAP: &str = "FINAL_CPU";

@@ -25,7 +25,7 @@ use aya_ebpf::{
 use probe_common::{
     drops::{DROP_CPU_NOW, DROP_FINAL_CPU, DROP_MEMORY_NOW, DROP_RSS_NOW},
     memory::{MemoryNow, RssNow},
-    rstat::{MAX_CPUS, RstatCpu, RstatKey, RstatNow},
+    rstat::{CPUTIME_WORDS, MAX_CPUS, RstatCpu, RstatKey, RstatNow},
 };
 
 use crate::{
@@ -250,9 +250,23 @@ fn for_each_cpu(cgroup: task::Cgroup, cgroup_id: u64, mut each: impl FnMut(Rstat
         return;
     };
     let cputime = u64::from(RSTAT_CPUTIME_OFFSET.load());
+    // The word of each figure in the copy (the loader checked the offsets are 8-byte aligned
+    // and within it).
+    let word = |offset: u32| (offset / 8) as usize % CPUTIME_WORDS;
+    let (runtime, utime, stime) = (
+        word(CPUTIME_RUNTIME_OFFSET.load()),
+        word(CPUTIME_UTIME_OFFSET.load()),
+        word(CPUTIME_STIME_OFFSET.load()),
+    );
     for_each_cpu_offset(CGROUP_SLOT, |cpu, cpu_offset| {
+        // One read for the three: where the cgroup ran on many CPUs, three times fewer.
         let times = rstat.wrapping_add(cpu_offset).wrapping_add(cputime);
-        let runtime_ns = read_u64(times, CPUTIME_RUNTIME_OFFSET.load());
+        // SAFETY: bpf_probe_read_kernel faults safely.
+        let Ok(times) = (unsafe { bpf_probe_read_kernel(times as *const [u64; CPUTIME_WORDS]) })
+        else {
+            return;
+        };
+        let runtime_ns = times[runtime];
         if runtime_ns == 0 {
             return;
         }
@@ -264,8 +278,8 @@ fn for_each_cpu(cgroup: task::Cgroup, cgroup_id: u64, mut each: impl FnMut(Rstat
             },
             RstatCpu {
                 runtime_ns,
-                user_tick_ns: read_u64(times, CPUTIME_UTIME_OFFSET.load()),
-                system_tick_ns: read_u64(times, CPUTIME_STIME_OFFSET.load()),
+                user_tick_ns: times[utime],
+                system_tick_ns: times[stime],
             },
         );
     });

@@ -3,10 +3,11 @@
 //! Rust eBPF has no CO-RE relocations, so every struct field the programs read is located here
 //! at load time and handed to them as a read-only global.
 
-use anyhow::{anyhow, bail};
+use anyhow::{anyhow, bail, ensure};
 use probe_common::{
     memory::MemoryOffsets,
     process::ProcessOffsets,
+    rstat::CPUTIME_WORDS,
     task::{CpuGroupOffsets, SchedInfoOffsets, TaskOffsets, WaitOffsets},
 };
 
@@ -252,14 +253,23 @@ pub fn rstat_offsets(btf: &Btf) -> anyhow::Result<RstatOffsets> {
             member_offset(btf, "cgroup_rstat_cpu", &["bstat", "cputime"])?,
         ),
     };
-    Ok(RstatOffsets {
+    let offsets = RstatOffsets {
         cgroup_rstat_cpu,
         cputime,
         utime: member_offset(btf, "task_cputime", &["utime"])?,
         stime: member_offset(btf, "task_cputime", &["stime"])?,
         sum_exec_runtime: member_offset(btf, "task_cputime", &["sum_exec_runtime"])?,
         bpf_array_pptrs: member_offset(btf, "bpf_array", &["pptrs"])?,
-    })
+    };
+    // The iterator copies the three in one read of CPUTIME_WORDS words.
+    let copied = CPUTIME_WORDS as u32 * 8;
+    for offset in [offsets.utime, offsets.stime, offsets.sum_exec_runtime] {
+        ensure!(
+            offset % 8 == 0 && offset + 8 <= copied,
+            "struct task_cputime has a member at offset {offset}, outside the {copied} bytes the cgroup iterator copies"
+        );
+    }
+    Ok(offsets)
 }
 
 fn sched_info_offsets(btf: &Btf) -> anyhow::Result<SchedInfoOffsets> {
