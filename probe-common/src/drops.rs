@@ -38,13 +38,10 @@ pub const DROP_CPU_NOW: u32 = 9;
 /// A `MEMORY_NOW` insert failed (map full): that worker's memory is read from its files
 /// instead (nothing lost, a little more of the agent's CPU).
 pub const DROP_MEMORY_NOW: u32 = 10;
-/// A `PROCESS_RSS_NOW` insert failed (map full): that worker's memory is read from its
-/// processes' files instead (nothing lost, a little more of the agent's CPU).
-pub const DROP_RSS_NOW: u32 = 11;
 /// Number of drop slots (room for the programs to come).
 pub const DROP_SLOTS: u32 = 16;
 /// Names of the used slots, in order, as reported to users.
-pub const DROP_NAMES: [&str; 12] = [
+pub const DROP_NAMES: [&str; 11] = [
     "cpu_stats",
     "net_stats",
     "task_state",
@@ -56,5 +53,4 @@ pub const DROP_NAMES: [&str; 12] = [
     "final_cpu",
     "cpu_now",
     "memory_now",
-    "process_rss_now",
 ];

@@ -52,38 +52,27 @@ pub struct MemoryNow {
 // SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.
 unsafe impl aya::Pod for MemoryNow {}
 
-/// Name of the hash map the process walk fills: cgroup id → [`RssNow`], for every cgroup2
-/// cgroup holding a process. Read where the memory walk cannot run (hybrid hosts, cgroups
-/// without the memory controller) instead of each worker's process list and each process's
-/// /proc/PID/statm.
-pub const PROCESS_RSS_NOW_MAP: &str = "PROCESS_RSS_NOW";
-
-/// Name of the one-entry array holding the id of the last process walk that ended.
-pub const LAST_RSS_WALK_MAP: &str = "LAST_RSS_WALK";
-
-/// The resident sets of a cgroup's processes, summed as the walk that wrote them found them.
+/// What the process walk writes to its output for each process (not kernel threads): user
+/// space sums the resident pages by cgroup. Read where the memory walk cannot run (hybrid
+/// hosts, cgroups without the memory controller) instead of each worker's process list and
+/// each process's /proc/PID/statm.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RssNow {
-    /// Resident pages of its processes (what /proc/PID/statm's second field adds up).
+pub struct ProcessRss {
+    /// The id of the process's cgroup2 cgroup.
+    pub cgroup_id: u64,
+    /// Its resident pages (/proc/PID/statm's second field).
     pub rss_pages: u64,
-    /// The walk (the iterator session's id): an entry no later walk rewrote is of a cgroup
-    /// without processes now, or gone.
-    pub walk: u64,
-    /// One of its processes (the first the walk met): user space looks up the v1 memory
-    /// cgroup through it without listing the cgroup's processes.
-    pub pid: u32,
-    /// Padding, zero.
-    pub reserved: u32,
-    /// The id of the cgroup holding `pid`'s memory controller state (on hybrid hosts its v1
+    /// The id of the cgroup holding its memory controller state (on hybrid hosts its v1
     /// memory cgroup, the inode of its directory there); 0 when not known. User space tells
     /// by it whether that cgroup is known to be shared, without reading /proc/PID/cgroup.
     pub memory_cgroup_id: u64,
+    /// Its pid: user space looks up the v1 memory cgroup through one of a cgroup's processes
+    /// without listing them.
+    pub pid: u32,
+    /// Padding, zero.
+    pub reserved: u32,
 }
-
-#[cfg(feature = "user")]
-// SAFETY: plain `#[repr(C)]` integers, no padding, every bit pattern valid.
-unsafe impl aya::Pod for RssNow {}
 
 /// Where the programs find the memory peaks, from the kernel's BTF.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

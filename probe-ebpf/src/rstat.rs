@@ -18,13 +18,17 @@ use core::{
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_probe_read_kernel, generated::bpf_map_lookup_percpu_elem},
+    bindings::seq_file,
+    helpers::{
+        bpf_probe_read_kernel,
+        generated::{bpf_map_lookup_percpu_elem, bpf_seq_write},
+    },
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
 use probe_common::{
-    drops::{DROP_CPU_NOW, DROP_FINAL_CPU, DROP_MEMORY_NOW, DROP_RSS_NOW},
-    memory::{MemoryNow, RssNow},
+    drops::{DROP_CPU_NOW, DROP_FINAL_CPU, DROP_MEMORY_NOW},
+    memory::{MemoryNow, ProcessRss},
     rstat::{CPUTIME_WORDS, MAX_CPUS, RstatCpu, RstatKey, RstatNow},
 };
 
@@ -153,10 +157,9 @@ pub fn memory_walk(ctx: *mut c_void) -> i32 {
     0
 }
 
-/// One call of a cgroup or task walk (`struct bpf_iter__cgroup { struct bpf_iter_meta *meta;
-/// struct cgroup *cgroup; }`, `bpf_iter__task` likewise with a task): the walk's id and the
-/// object visited; `None` at the walk's end, after storing the id in `last_walk` (entries the
-/// walk did not rewrite are of cgroups now gone, or now without processes).
+/// One call of a cgroup walk (`struct bpf_iter__cgroup { struct bpf_iter_meta *meta; struct
+/// cgroup *cgroup; }`): the walk's id and the cgroup visited; `None` at the walk's end, after
+/// storing the id in `last_walk` (entries the walk did not rewrite are of cgroups now gone).
 #[inline(always)]
 fn walk_step(ctx: *mut c_void, last_walk: &Array<u64>) -> Option<(u64, *const u8)> {
     // SAFETY: the context's two pointers, loads the verifier checks against BTF; the walk's
@@ -178,57 +181,44 @@ fn walk_step(ctx: *mut c_void, last_walk: &Array<u64>) -> Option<(u64, *const u8
     }
 }
 
-/// Every cgroup2 cgroup's processes' resident pages, as the last process walk found them.
-#[map]
-static PROCESS_RSS_NOW: HashMap<u64, RssNow> = HashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
-
-/// The id of the last process walk that ended.
-#[map]
-static LAST_RSS_WALK: Array<u64> = Array::with_max_entries(1, 0);
-
-/// `iter/task`: adds each process's resident pages (at its leader; kernel threads have none)
-/// to its cgroup2 cgroup's entry in [`PROCESS_RSS_NOW`]. Where the memory walk cannot run,
-/// one walk a sample instead of each worker's process list and each process's statm file.
+/// `iter/task`: writes each process's resident pages (at its leader; kernel threads have
+/// none) with its cgroup2 cgroup to the walk's output, one [`ProcessRss`] each, for user space
+/// to sum by cgroup. Where the memory walk cannot run, one walk a sample instead of each
+/// worker's process list and each process's statm file. Output, not a map: no hash lookup per
+/// process, no entries of gone cgroups to free, no limit on cgroups; and a process the kernel
+/// visits again after its output overflowed a read has its first record taken back.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/task")]
 pub fn rss_walk(ctx: *mut c_void) -> i32 {
-    let Some((walk, task)) = walk_step(ctx, &LAST_RSS_WALK) else {
-        return 0;
+    // SAFETY: the context's two pointers (`struct bpf_iter__task { struct bpf_iter_meta
+    // *meta; struct task_struct *task; }`) and the meta's seq_file pointer, loads the verifier
+    // checks against BTF.
+    let (seq, task) = unsafe {
+        let meta = read_volatile(ctx as *const *const *mut seq_file);
+        let task = read_volatile((ctx as *const *const u8).add(1));
+        if meta.is_null() || task.is_null() {
+            return 0;
+        }
+        (read_volatile(meta), task)
     };
     if task::tid(task) != task::tgid(task) || task::is_kthread(task) {
         return 0;
     }
-    let rss_pages = crate::process::rss_pages(task, WALK_SLOT, true).unwrap_or(0);
-    // The first process the walk meets in a cgroup names it: this walk's later ones only add
-    // their pages.
-    let first = |rss_pages| RssNow {
-        rss_pages,
-        walk,
+    let record = ProcessRss {
+        cgroup_id: task::cgroup_id(task),
+        rss_pages: crate::process::rss_pages(task, WALK_SLOT, true).unwrap_or(0),
+        memory_cgroup_id: task::memory_cgroup_id(task),
         pid: task::tgid(task),
         reserved: 0,
-        memory_cgroup_id: task::memory_cgroup_id(task),
     };
-    let cgroup_id = task::cgroup_id(task);
-    match PROCESS_RSS_NOW.get_ptr_mut(cgroup_id) {
-        // SAFETY: a value of this map; no other writer (walks run one at a time, in the
-        // agent's sampling thread). This walk's earlier processes in the cgroup are added to.
-        Some(entry) => unsafe {
-            let mut now = read_volatile(entry);
-            if now.walk == walk {
-                now.rss_pages += rss_pages;
-            } else {
-                now = first(rss_pages);
-            }
-            write_volatile(entry, now);
-        },
-        None => {
-            if PROCESS_RSS_NOW
-                .insert(cgroup_id, first(rss_pages), 0)
-                .is_err()
-            {
-                count_drop(DROP_RSS_NOW);
-            }
-        }
+    // SAFETY: the walk's seq_file and a record on the stack. A full output is the kernel's
+    // to handle (it visits this process again in the next read).
+    unsafe {
+        bpf_seq_write(
+            seq,
+            (&record as *const ProcessRss).cast(),
+            size_of::<ProcessRss>() as u32,
+        );
     }
     0
 }

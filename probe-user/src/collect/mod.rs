@@ -16,8 +16,8 @@ mod slots;
 use events::{RingEvent, RingReader, decode_cgroup_event, decode_process_event};
 use heap::HeapReturn;
 use memory::WalkedMemory;
-use memory_walk::MemoryWalk;
 pub use memory_walk::WalkedProcesses;
+use memory_walk::{MemoryWalk, ProcessWalk};
 use probe_common::{
     cpu::{
         CPU_SLOTS_MAP, CPU_STATS_MAP, CpuStats, FREE_SLOTS_MAP, HASHED_CPU, HASHED_NET,
@@ -199,9 +199,9 @@ pub struct KernelCollector {
     /// programs then count no CPU time).
     rstat: Option<RstatReader>,
     /// Every cgroup's memory by one walk a sample, when the plan chose it.
-    memory_walk: Option<MemoryWalk<probe_common::memory::MemoryNow>>,
+    memory_walk: Option<MemoryWalk>,
     /// Every cgroup's processes' resident sets by one walk a sample, when the plan chose it.
-    rss_walk: Option<MemoryWalk<probe_common::memory::RssNow>>,
+    rss_walk: Option<ProcessWalk>,
     /// What the last sample's walks found, until taken.
     walked_memory: WalkedMemory,
     /// On-CPU ns per CPU last reported for each worker (see `never_go_backwards`).
@@ -308,14 +308,7 @@ impl KernelCollector {
             )?),
             None => None,
         };
-        let rss_walk = match rss_iter {
-            Some(iter) => Some(MemoryWalk::new(
-                iter,
-                take(probe_common::memory::PROCESS_RSS_NOW_MAP)?,
-                take(probe_common::memory::LAST_RSS_WALK_MAP)?,
-            )?),
-            None => None,
-        };
+        let rss_walk = rss_iter.map(ProcessWalk::new);
         let measured = probe.measured();
         Ok(Self {
             rstat,

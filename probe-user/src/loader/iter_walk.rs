@@ -56,15 +56,21 @@ impl IterWalk {
         })
     }
 
-    /// Runs the program over every cgroup or task (it writes what it finds to its maps,
-    /// nothing to the walk's output).
+    /// Runs the program over every cgroup or task, for a program that writes what it finds
+    /// to its maps, nothing to the walk's output.
     pub fn walk(&self) -> std::io::Result<()> {
+        self.walk_into(&mut Vec::new())
+    }
+
+    /// Runs the program over every cgroup or task, appending what it writes to the walk's
+    /// output to `output`.
+    pub fn walk_into(&self, output: &mut Vec<u8>) -> std::io::Result<()> {
         // SAFETY: as above.
         let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
         attr.iter_create.link_fd = self.link.as_raw_fd() as u32;
         let mut walk = std::fs::File::from(bpf(bpf_cmd::BPF_ITER_CREATE, &mut attr)?);
         // The walk runs as the descriptor is read, to its end.
-        walk.read_to_end(&mut Vec::new())?;
+        walk.read_to_end(output)?;
         Ok(())
     }
 }

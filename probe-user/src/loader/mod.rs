@@ -597,12 +597,6 @@ fn load(options: &LoadOptions) -> anyhow::Result<Loaded> {
                 1
             },
         )
-        // One entry per cgroup holding a process, allocated as the process walk (which runs
-        // only where the memory walk does not) needs them; one missing is read from files.
-        .map_max_entries(
-            probe_common::memory::PROCESS_RSS_NOW_MAP,
-            options.max_workers.max(probe_common::DEFAULT_MAX_WORKERS),
-        )
         .map_max_entries(probe_common::memory::PROCESS_PEAKS_MAP, options.max_workers)
         // The process workers' maps: at their smallest unless asked for (the ring costs
         // kernel memory whole).
