@@ -682,11 +682,12 @@ fn targets(r: &Results) -> Vec<Target> {
             met: Some(c.cpu_percent <= 0.5),
             why: format!(
                 "{:.2} ms of CPU per interval for {} workers active in each. By perf on this \
-                 hybrid host, where v1 holds the memory controller: about three eighths the \
-                 process walk (a task iterator visits every task on the host and sums each \
-                 process's resident pages by cgroup, read in one call: touching each task, its \
-                 mm, its per-CPU counters and its cgroup costs it, not the helpers reading \
-                 them), an eleventh reading the slots (the kernel copying each slot's per-CPU \
+                 hybrid host, where v1 holds the memory controller: under a third the process \
+                 walk (a task iterator visits every task on the host and writes each \
+                 process's resident pages and cgroup to its output, summed by cgroup here: \
+                 the kernel's own step from task to task and touching each task, its mm, its \
+                 per-CPU counters and its cgroup cost it, not the helpers reading them), a ninth \
+                 reading the slots (the kernel copying each slot's per-CPU \
                  counters, in one call, once a sample: read again only when a CPU that had run \
                  one thread for 10 ms switched meanwhile, where a busy CPU's switch had made \
                  nearly every sample read them three times; each slot names its owner on each \
@@ -730,8 +731,8 @@ fn targets(r: &Results) -> Vec<Target> {
         met: attach.map(|a| a.median <= 300.0),
         why: "of 130–160 ms on this host (by perf, one start), about 110 ms of CPU, on both \
               CPUs at once, longest first, is the verifier's check of the planned programs \
-              (the sched_switch program with wait reasons 9,865 instructions, the process walk \
-              5,352, each socket program 4,200; three quarters of it the kernel's own linear \
+              (the sched_switch program with wait reasons 9,865 instructions, each socket \
+              program 4,200, the process walk 1,003; three quarters of it the kernel's own linear \
               search of BTF names for trusted pointers, at each load of a pointer from a task); \
               the rest is the kernel's BTF (indexed in place for the offsets, and parsed by aya \
               beside it: 13 ms), the maps (16 ms, mostly the per-CPU slot arrays) and their \
