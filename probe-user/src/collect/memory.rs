@@ -177,7 +177,7 @@ impl MemoryReader {
     /// The process walk's sum for the worker, where it is known to be its memory: found to be
     /// its processes' a moment ago, or one of its processes is in a v1 memory cgroup known
     /// not to be its own (then without its process list). One the walk lacks (no process,
-    /// or no room in its map) is left to the files.
+    /// or the walk failed) is left to the files.
     fn walked_rss(
         &mut self,
         rss: Option<(&crate::IdMap<WalkedProcesses>, u64)>,
