@@ -185,13 +185,14 @@ pub fn decode_cgroup_event(item: &[u8]) -> Option<RingEvent> {
     })
 }
 
-/// Copies a record's bytes into a `T` when it is long enough to be one.
-fn record<T: Copy>(item: &[u8]) -> Option<T> {
+/// Copies a record a program wrote (to a ring buffer or a walk's output) into a `T` when it is
+/// long enough to be one.
+pub(super) fn record<T: Copy>(item: &[u8]) -> Option<T> {
     if item.len() < std::mem::size_of::<T>() {
         return None;
     }
     // SAFETY: the program wrote a whole T (checked above) of plain integers; read_unaligned
-    // copes with the ring buffer's 8-byte alignment.
+    // copes with any alignment of the bytes.
     Some(unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) })
 }
 

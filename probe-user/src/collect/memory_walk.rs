@@ -127,10 +127,7 @@ impl ProcessWalk {
 fn sum_by_cgroup(output: &[u8], page_bytes: u64) -> crate::IdMap<WalkedProcesses> {
     let records = output.chunks_exact(size_of::<ProcessRss>());
     let mut by_cgroup = crate::IdMap::with_capacity_and_hasher(records.len(), Default::default());
-    for record in records {
-        // SAFETY: `ProcessRss` is plain integers, valid for any bit pattern; a chunk holds
-        // exactly one, read unaligned.
-        let process: ProcessRss = unsafe { std::ptr::read_unaligned(record.as_ptr().cast()) };
+    for process in records.filter_map(super::events::record::<ProcessRss>) {
         let rss_bytes = process.rss_pages * page_bytes;
         by_cgroup
             .entry(process.cgroup_id)
@@ -156,22 +153,16 @@ fn sum_by_cgroup(output: &[u8], page_bytes: u64) -> crate::IdMap<WalkedProcesses
 mod tests {
     use super::*;
 
+    /// A record as the program lays it out (`ProcessRss`, no padding).
     fn record(cgroup_id: u64, rss_pages: u64, memory_cgroup_id: u64, pid: u32) -> Vec<u8> {
-        let process = ProcessRss {
-            cgroup_id,
-            rss_pages,
-            memory_cgroup_id,
-            pid,
-            reserved: 0,
-        };
-        // SAFETY: plain integers, no padding.
-        unsafe {
-            std::slice::from_raw_parts(
-                (&process as *const ProcessRss).cast::<u8>(),
-                size_of::<ProcessRss>(),
-            )
-        }
-        .to_vec()
+        [
+            &cgroup_id.to_ne_bytes()[..],
+            &rss_pages.to_ne_bytes(),
+            &memory_cgroup_id.to_ne_bytes(),
+            &pid.to_ne_bytes(),
+            &0u32.to_ne_bytes(),
+        ]
+        .concat()
     }
 
     #[test]
